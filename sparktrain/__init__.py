@@ -1,0 +1,51 @@
+"""sparktrain: distributed PyTorch training on Apache Spark, or on the driver alone.
+
+Example:
+    >>> from sparktrain import SparkRunner
+    >>> result = SparkRunner(np=2).run(train, lr=0.01)   # 2 ranks on Spark executors
+    >>> result = SparkRunner(np=-2).run(train, lr=0.01)  # 2 ranks on the driver
+"""
+
+from sparktrain.errors import (
+    CapacityError,
+    ConfigurationError,
+    PayloadError,
+    RendezvousTimeoutError,
+    RunTimeoutError,
+    SparkTrainError,
+    WorkerFailedError,
+    WorkerFailure,
+)
+from sparktrain.runner import SparkRunner
+from sparktrain.worker.context import (
+    default_backend,
+    local_rank,
+    local_world_size,
+    log_to_driver,
+    rank,
+    report,
+    use_gpu,
+    world_size,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CapacityError",
+    "ConfigurationError",
+    "PayloadError",
+    "RendezvousTimeoutError",
+    "RunTimeoutError",
+    "SparkRunner",
+    "SparkTrainError",
+    "WorkerFailedError",
+    "WorkerFailure",
+    "default_backend",
+    "local_rank",
+    "local_world_size",
+    "log_to_driver",
+    "rank",
+    "report",
+    "use_gpu",
+    "world_size",
+]

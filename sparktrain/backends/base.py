@@ -1,0 +1,92 @@
+"""The one small interface every backend implements, and the environment all ranks share."""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping
+from typing import ClassVar
+
+from sparktrain.cluster import ClusterSpec, RankSpec
+from sparktrain.config import RunConfig
+
+
+class Backend(abc.ABC):
+    """How ranks find each other.
+
+    The runner calls :meth:`check` on the driver before anything starts; after rendezvous the
+    task that runs rank 0 (or the local supervisor) calls :meth:`prepare` once and every rank's
+    environment is :func:`rank_env` plus :meth:`env`; :meth:`teardown` runs where
+    :meth:`prepare` ran, when the ranks have ended.
+    """
+
+    name: ClassVar[str]
+
+    def check(self, config: RunConfig) -> None:  # noqa: B027 - optional hook
+        """Raise ConfigurationError on the driver if this backend cannot run ``config``."""
+
+    @property
+    def needs_prepare(self) -> bool:
+        """Whether :meth:`prepare` does anything (saves a second barrier round when not)."""
+        return False
+
+    def prepare(self, spec: ClusterSpec, config: RunConfig) -> dict[str, str]:
+        """Start what the ranks need (e.g. a rendezvous server); return values every rank gets."""
+        return {}
+
+    @abc.abstractmethod
+    def env(
+        self, spec: ClusterSpec, rank: RankSpec, shared: Mapping[str, str], config: RunConfig
+    ) -> dict[str, str]:
+        """The backend's environment variables for one rank."""
+
+    def teardown(self) -> None:  # noqa: B027 - optional hook
+        """Stop what :meth:`prepare` started."""
+
+
+def visible_devices(spec: ClusterSpec, rank: RankSpec) -> list[str]:
+    """GPU addresses a rank sees, ordered so that device ``local_rank`` is its own.
+
+    Every rank on a host sees the GPUs of all ranks on that host, ordered by local rank, so
+    both ``cuda:{LOCAL_RANK}`` (DDP tutorials) and ``hvd.local_rank()`` pinning select the GPU
+    Spark assigned to this rank's task. A task holding several GPUs contributes all of them;
+    its own first GPU is then not at index ``local_rank``, so such layouts pin by
+    ``torch.cuda.current_device()`` (set by the worker) instead.
+    """
+    devices: list[str] = []
+    for peer in spec.on_host(rank.task.host):
+        devices.extend(peer.task.gpus)
+    return devices
+
+
+def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, str]:
+    """Variables every rank gets whatever the backend: its place, threads and devices."""
+    env = {
+        "RANK": str(rank.rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_RANK": str(rank.local_rank),
+        "LOCAL_WORLD_SIZE": str(rank.local_world_size),
+        "NODE_RANK": str(rank.node_rank),
+        "GROUP_RANK": str(rank.node_rank),
+        "OMP_NUM_THREADS": str(max(1, rank.task.cpus)),
+    }
+    own_gpus = rank.task.gpus
+    if config.use_gpu is False or not own_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(spec, rank))
+        env["_SPARKTRAIN_DEVICE_INDEX"] = str(visible_devices(spec, rank).index(own_gpus[0]))
+    return env
+
+
+def interface_env(rank: RankSpec) -> dict[str, str]:
+    """Socket interface hints for Gloo and NCCL, when the task's interface is known."""
+    if not rank.task.ifname:
+        return {}
+    name = rank.task.ifname
+    return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+
+
+def inherited(name: str) -> str | None:
+    """An environment variable of this process, for backends that pass one through."""
+    return os.environ.get(name)

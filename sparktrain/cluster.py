@@ -1,0 +1,153 @@
+"""Who is where: what each task reports at rendezvous, and the pure mapping to ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sparktrain.errors import SparkTrainError
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """What one task (or one local slot) knows about itself at rendezvous.
+
+    Attributes:
+        index: the task's partition index (0 .. n-1); the local supervisor numbers slots.
+        host: the address other ranks reach this task's host on.
+        port: a free TCP port on that host, offered for the master.
+        gpus: GPU addresses Spark assigned to the task (or the local devices), as strings.
+        cpus: CPU cores the task may use.
+        pid: process id of the task, for diagnostics.
+        ifname: the network interface that carries ``host``, when it could be found.
+    """
+
+    index: int
+    host: str
+    port: int
+    gpus: tuple[str, ...] = ()
+    cpus: int = 1
+    pid: int = 0
+    ifname: str | None = None
+
+    def to_json(self) -> str:
+        """Serialize for ``BarrierTaskContext.allGather``."""
+        data = dataclasses.asdict(self)
+        data["gpus"] = list(self.gpus)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> TaskInfo:
+        """Parse what :meth:`to_json` produced."""
+        data = json.loads(text) if isinstance(text, str) else dict(text)
+        return cls(
+            index=int(data["index"]),
+            host=str(data["host"]),
+            port=int(data["port"]),
+            gpus=tuple(str(g) for g in data.get("gpus", ())),
+            cpus=int(data.get("cpus", 1)),
+            pid=int(data.get("pid", 0)),
+            ifname=data.get("ifname"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    """Where one rank sits in the job.
+
+    Attributes:
+        rank: global rank.
+        local_rank: index among the ranks on the same host.
+        local_world_size: number of ranks on that host.
+        node_rank: index of the host, in order of first appearance.
+        task: the task that runs this rank.
+    """
+
+    rank: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    task: TaskInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """The whole job's layout, computed identically on every task.
+
+    Attributes:
+        ranks: one entry per rank, ordered by global rank.
+        master_addr: address of rank 0's host.
+        master_port: the port rank 0 offered.
+    """
+
+    ranks: tuple[RankSpec, ...]
+    master_addr: str
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of distinct hosts."""
+        return len({r.task.host for r in self.ranks})
+
+    def for_task(self, index: int) -> RankSpec:
+        """The rank run by the task with this partition index."""
+        for rank in self.ranks:
+            if rank.task.index == index:
+                return rank
+        raise KeyError(f"no rank for task {index}")
+
+    def on_host(self, host: str) -> list[RankSpec]:
+        """The ranks on ``host``, by local rank."""
+        return sorted((r for r in self.ranks if r.task.host == host), key=lambda r: r.local_rank)
+
+    def hosts(self) -> list[tuple[str, int]]:
+        """Each host with its number of ranks, in node-rank order."""
+        seen: dict[str, int] = {}
+        for r in self.ranks:
+            seen[r.task.host] = seen.get(r.task.host, 0) + 1
+        return list(seen.items())
+
+
+def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
+    """Map what the tasks gathered to ranks.
+
+    Hosts are numbered in order of their lowest task index; ranks are contiguous per host and,
+    inside a host, follow task index. Task 0 is therefore always rank 0, and its host and port
+    are the master's.
+
+    Args:
+        infos: one entry per task, in any order; indices must be 0 .. n-1 exactly once.
+
+    Returns:
+        The ClusterSpec every task derives identically.
+
+    Raises:
+        SparkTrainError: when the indices are not 0 .. n-1 (a bug, not a user error).
+    """
+    ordered = sorted(infos, key=lambda i: i.index)
+    if [i.index for i in ordered] != list(range(len(ordered))) or not ordered:
+        raise SparkTrainError(f"rendezvous got task indices {[i.index for i in ordered]}")
+    by_host: dict[str, list[TaskInfo]] = {}
+    for info in ordered:
+        by_host.setdefault(info.host, []).append(info)
+    ranks: list[RankSpec] = []
+    for node_rank, tasks in enumerate(by_host.values()):
+        for local_rank, info in enumerate(tasks):
+            ranks.append(
+                RankSpec(
+                    rank=len(ranks),
+                    local_rank=local_rank,
+                    local_world_size=len(tasks),
+                    node_rank=node_rank,
+                    task=info,
+                )
+            )
+    master = ranks[0].task
+    return ClusterSpec(ranks=tuple(ranks), master_addr=master.host, master_port=master.port)

@@ -1,0 +1,146 @@
+"""The error tree of sparktrain, and the record of one failed rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class SparkTrainError(Exception):
+    """Base class of every error sparktrain raises."""
+
+
+class ConfigurationError(SparkTrainError, ValueError):
+    """A setting is invalid or a needed component is missing; the message names the fix."""
+
+
+class CapacityError(SparkTrainError):
+    """The cluster cannot run the requested number of ranks at once."""
+
+
+class PayloadError(SparkTrainError):
+    """The function, its arguments or its result cannot be pickled or are too large."""
+
+
+class RendezvousTimeoutError(SparkTrainError, TimeoutError):
+    """Some ranks never reached the rendezvous within ``start_timeout``.
+
+    Attributes:
+        missing: the ranks (task indices) that never arrived.
+    """
+
+    def __init__(self, message: str, missing: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
+
+
+class RunTimeoutError(SparkTrainError, TimeoutError):
+    """The run took longer than its ``timeout``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFailure:
+    """What is known about one rank that failed.
+
+    Attributes:
+        rank: global rank (the task index before rendezvous).
+        host: host the rank ran on.
+        exc_type: the exception class name, when the worker raised.
+        message: the exception message, or a description of how the process ended.
+        traceback: the worker's Python traceback, when there is one.
+        exit_code: the process exit code (negative: killed by that signal).
+        output_tail: the last lines the rank printed.
+        time: wall-clock time the failure was seen, for ordering root causes.
+        user_error: True when the user's function raised (as opposed to a crash or kill).
+        phase: where it failed: "load" (unpickling the function), "run" (the function),
+            "result" (pickling rank 0's result), "lost" (the process or task vanished).
+    """
+
+    rank: int
+    host: str = ""
+    exc_type: str | None = None
+    message: str = ""
+    traceback: str | None = None
+    exit_code: int | None = None
+    output_tail: tuple[str, ...] = ()
+    time: float = 0.0
+    user_error: bool = False
+    phase: str = "run"
+
+    @property
+    def how(self) -> str:
+        """A short phrase for how the rank ended: exception, exit code or signal name."""
+        if self.exc_type:
+            return f"raised {self.exc_type}"
+        if self.exit_code is None:
+            return "was lost"
+        if self.exit_code < 0:
+            try:
+                name = signal.Signals(-self.exit_code).name
+            except ValueError:
+                name = f"signal {-self.exit_code}"
+            return f"was killed by {name}"
+        return f"exited with code {self.exit_code}"
+
+    def describe(self, tail_lines: int = 20) -> str:
+        """Render this failure for a human: headline, traceback, last output lines."""
+        where = f" on {self.host}" if self.host else ""
+        head = f"rank {self.rank}{where} {self.how}"
+        if self.message:
+            head += f": {self.message}"
+        parts = [head]
+        if self.traceback:
+            parts.append(self.traceback.rstrip())
+        tail = list(self.output_tail)
+        if self.traceback:
+            # The worker also printed its traceback; show it once.
+            tb_lines = self.traceback.rstrip().splitlines()
+            if tb_lines and tail[-len(tb_lines):] == tb_lines:
+                tail = tail[: -len(tb_lines)]
+        tail = tail[-tail_lines:]
+        if tail:
+            parts.append(f"last {len(tail)} line(s) of rank {self.rank}'s output:")
+            parts.extend(f"  | {line}" for line in tail)
+        return "\n".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict of this record."""
+        data = dataclasses.asdict(self)
+        data["output_tail"] = list(self.output_tail)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WorkerFailure:
+        """Rebuild a record from :meth:`to_json` output, ignoring unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["output_tail"] = tuple(kwargs.get("output_tail") or ())
+        return cls(**kwargs)
+
+
+class WorkerFailedError(SparkTrainError):
+    """One or more ranks failed; the root cause (earliest failure) comes first.
+
+    Attributes:
+        failures: every failed rank's record, by rank.
+        root_cause: the earliest failure.
+    """
+
+    def __init__(self, failures: Mapping[int, WorkerFailure], context: str = "") -> None:
+        if not failures:
+            raise ValueError("WorkerFailedError needs at least one failure")
+        self.failures = dict(failures)
+        ordered = sorted(self.failures.values(), key=lambda f: (f.time, f.rank))
+        self.root_cause = ordered[0]
+        others = ordered[1:]
+        lines = [f"{len(ordered)} rank(s) failed{context}. Root cause:", ""]
+        lines.append(self.root_cause.describe())
+        if others:
+            lines.append("")
+            lines.append("Other failed ranks:")
+            for failure in others:
+                lines.append("")
+                lines.append(failure.describe(tail_lines=5))
+        super().__init__("\n".join(lines))

@@ -1,0 +1,136 @@
+"""Authenticated, bounded frames between tasks / workers and the driver's channel.
+
+A connection starts with the server sending a random nonce. Every frame after that, in both
+directions, is ``MAGIC | length (u32) | HMAC-SHA256 | body``; the HMAC covers the run's key,
+the nonce, the direction, the frame's sequence number and the body, so a frame cannot be
+forged, replayed on another connection or reordered. Lengths over ``MAX_FRAME`` are refused
+before anything is read into memory, and bodies are JSON, never pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import struct
+import threading
+from typing import Any
+
+MAGIC = b"SPT1"
+NONCE_BYTES = 16
+MAC_BYTES = 32
+MAX_FRAME = 1 << 20
+_HEADER = struct.Struct(">4sI")
+TO_SERVER = b"C"
+TO_CLIENT = b"S"
+
+
+class FrameError(Exception):
+    """A frame was malformed, too large, or failed authentication."""
+
+
+def new_key() -> bytes:
+    """A fresh random key for one run."""
+    return os.urandom(32)
+
+
+def _mac(key: bytes, nonce: bytes, direction: bytes, seq: int, body: bytes) -> bytes:
+    return hmac.new(key, nonce + direction + struct.pack(">Q", seq) + body, hashlib.sha256).digest()
+
+
+def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[str, Any]) -> bytes:
+    """One frame carrying ``message`` as JSON."""
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise FrameError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(MAGIC, len(body)) + _mac(key, nonce, direction, seq, body) + body
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly ``n`` bytes; EOFError if the peer closes first."""
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 16))
+        if not chunk:
+            raise EOFError("connection closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(
+    sock: socket.socket, key: bytes, nonce: bytes, direction: bytes, seq: int
+) -> dict[str, Any]:
+    """Read and authenticate one frame; the body is parsed only after the HMAC checks out.
+
+    Raises:
+        EOFError: the peer closed the connection.
+        FrameError: bad magic, oversized length, bad HMAC or a body that is not a JSON object.
+    """
+    magic, length = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+    if magic != MAGIC:
+        raise FrameError("bad magic")
+    if length > MAX_FRAME:
+        raise FrameError(f"frame length {length} exceeds {MAX_FRAME}")
+    mac = recv_exact(sock, MAC_BYTES)
+    body = recv_exact(sock, length)
+    if not hmac.compare_digest(mac, _mac(key, nonce, direction, seq, body)):
+        raise FrameError("authentication failed")
+    try:
+        message = json.loads(body)
+    except ValueError as exc:
+        raise FrameError(f"body is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise FrameError("body is not a JSON object")
+    return message
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` to a tuple (IPv6 hosts may be bracketed)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class ChannelClient:
+    """A connection to the driver's channel; sending is thread-safe.
+
+    Args:
+        address: ``host:port`` of the driver's channel.
+        key: the run's key.
+        timeout: seconds to connect.
+    """
+
+    def __init__(self, address: str, key: bytes, timeout: float = 30.0) -> None:
+        self._key = key
+        self._sock = socket.create_connection(parse_address(address), timeout=timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._nonce = recv_exact(self._sock, NONCE_BYTES)
+        self._sock.settimeout(None)
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one message; raises OSError if the connection is gone."""
+        with self._lock:
+            frame = encode(self._key, self._nonce, TO_SERVER, self._send_seq, message)
+            self._send_seq += 1
+            self._sock.sendall(frame)
+
+    def receive(self) -> dict[str, Any]:
+        """Block for the next message from the driver (one reader thread only)."""
+        message = read_frame(self._sock, self._key, self._nonce, TO_CLIENT, self._recv_seq)
+        self._recv_seq += 1
+        return message
+
+    def close(self) -> None:
+        """Close the connection; further sends raise OSError."""
+        self.closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
