@@ -1,0 +1,1 @@
+"""Code that runs on the driver (never imports sparktrain.worker)."""

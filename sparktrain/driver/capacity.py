@@ -1,0 +1,84 @@
+"""Before submitting: can the cluster run np barrier tasks at once? Say so now, not later.
+
+Spark's own check retries a barrier stage that lacks slots 40 times, 15 s apart, with only a
+log line to show for it; we refuse up front with what was found and what to change.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from sparktrain.errors import CapacityError
+
+POLL_INTERVAL = 0.25
+
+
+def total_slots(sc: Any) -> int:
+    """Tasks the cluster can run at once with the default resource profile."""
+    jsc = sc._jsc.sc()
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - internal API; fall back to what the conf says
+        pass
+    match = re.match(r"local\[(\d+|\*)", sc.master)
+    conf = sc.getConf()
+    task_cpus = int(conf.get("spark.task.cpus", "1"))
+    if match:
+        return int(sc.defaultParallelism) // task_cpus
+    executors = max(0, jsc.getExecutorMemoryStatus().size() - 1)
+    return executors * int(conf.get("spark.executor.cores", "1")) // task_cpus
+
+
+def busy_slots(sc: Any) -> int:
+    """Tasks currently running for other jobs."""
+    tracker = sc.statusTracker()
+    busy = 0
+    for stage_id in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            busy += int(info.numActiveTasks)
+    return busy
+
+
+def check_capacity(sc: Any, n: int, wait: float) -> None:
+    """Raise CapacityError unless ``n`` task slots are free.
+
+    A session that started less than ``wait`` seconds ago may still be registering executors,
+    so it gets until then; an older one is judged at once.
+
+    Raises:
+        CapacityError: dynamic allocation is on, or too few slots, naming the settings.
+    """
+    conf = sc.getConf()
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        raise CapacityError(
+            "barrier tasks need a fixed set of executors, but dynamic allocation is on: set "
+            "spark.dynamicAllocation.enabled=false (and spark.executor.instances) for this "
+            "application"
+        )
+    deadline = sc.startTime / 1000.0 + wait
+    while True:
+        total = total_slots(sc)
+        busy = busy_slots(sc)
+        if total - busy >= n:
+            return
+        if total >= n and busy:
+            raise CapacityError(
+                f"np={n} needs {n} free task slots at once, but {busy} of the cluster's {total} "
+                "slots are busy with other jobs; wait for them, or lower np"
+            )
+        if time.time() >= deadline:
+            break
+        time.sleep(POLL_INTERVAL)  # executors register with no event Python can wait on
+    task_cpus = conf.get("spark.task.cpus", "1")
+    gpus = conf.get("spark.task.resource.gpu.amount")
+    per_task = f"spark.task.cpus={task_cpus}" + (f", spark.task.resource.gpu.amount={gpus}"
+                                                  if gpus else "")
+    raise CapacityError(
+        f"np={n} needs {n} task slots at once (barrier mode), but the cluster has {total} "
+        f"({per_task}, master {sc.master}). Lower np to {total} or less, or add executors "
+        "or cores (spark.executor.instances, spark.executor.cores)."
+    )

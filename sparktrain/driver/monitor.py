@@ -1,0 +1,226 @@
+"""The driver's side of a run: show logs, watch deadlines and failures, stop everything cleanly.
+
+The monitor runs in the caller's thread (so a notebook cell shows the logs and Ctrl-C lands
+here) and waits on one queue fed by the channel and by the launch's completion; it never
+polls or sleeps.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
+
+from sparktrain.config import RunConfig, conf_key
+from sparktrain.driver.channel import CLOSED, ChannelServer
+from sparktrain.errors import (
+    RendezvousTimeoutError,
+    RunTimeoutError,
+    SparkTrainError,
+    WorkerFailedError,
+    WorkerFailure,
+)
+
+DONE = "_done"
+# Once ranks are told to stop, how long beyond their grace period to wait for them to confirm.
+STOP_SLACK = 5.0
+# After a forced cancel, how long to wait for the launch to report that it ended.
+CANCEL_WAIT = 15.0
+
+
+class Launch(Protocol):
+    """A started set of tasks: Spark barrier tasks or the local supervisor."""
+
+    def start(self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+              ) -> None:
+        """Start; call ``done(records, error)`` exactly once, from any thread, when over."""
+
+    def cancel(self) -> None:
+        """Forcefully end every task (idempotent)."""
+
+    def describe_error(self, error: BaseException) -> str:
+        """A one-line explanation of a launch-level error (e.g. a Spark job failure)."""
+
+
+class RunMonitor:
+    """Watches one launch attempt until it ends; returns the task records or raises.
+
+    Args:
+        config: the run's settings.
+        server: the run's channel.
+        out: where log lines go (the driver's stdout by default).
+        on_report: called with each ``sparktrain.report`` message.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        server: ChannelServer,
+        out: TextIO | None = None,
+        on_report: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.out = out or sys.stdout
+        self.on_report = on_report
+        self.n = config.world_size
+        self.arrived: set[int] = set()
+        self.exited: set[int] = set()
+        self.failures: dict[int, WorkerFailure] = {}
+        self.task_conns: dict[int, int] = {}
+        self.started: dict[int, dict[str, Any]] = {}
+        self.stop_reason: str | None = None
+        self.stop_error: SparkTrainError | None = None
+
+    def _print(self, text: str) -> None:
+        try:
+            print(text, file=self.out, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    def watch(self, launch: Launch) -> list[dict[str, Any]]:
+        """Start ``launch`` and see it through.
+
+        Raises:
+            WorkerFailedError: a rank failed (root cause first).
+            RendezvousTimeoutError: some tasks never reached the rendezvous in time.
+            RunTimeoutError: the run exceeded ``timeout``.
+            KeyboardInterrupt: re-raised after every task has been stopped.
+        """
+        events = self.server.events
+        launch.start(lambda records, error: events.put((0, {"type": DONE, "records": records,
+                                                             "error": error})))
+        t0 = time.monotonic()
+        rendezvous_deadline = t0 + self.config.start_timeout
+        run_deadline = t0 + self.config.timeout if self.config.timeout else None
+        stop_deadline: float | None = None
+        cancel_deadline: float | None = None
+        done: dict[str, Any] | None = None
+        interrupted = False
+        while done is None:
+            deadlines = [d for d in (run_deadline, stop_deadline, cancel_deadline) if d is not None]
+            if len(self.arrived) < self.n and self.stop_reason is None:
+                deadlines.append(rendezvous_deadline)
+            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            try:
+                try:
+                    conn_id, message = events.get(timeout=wait)
+                except queue.Empty:  # a deadline passed
+                    now = time.monotonic()
+                    if cancel_deadline is not None and now >= cancel_deadline:
+                        self._print("sparktrain: tasks did not confirm their end after "
+                                    "cancellation; giving up on them")
+                        done = {"records": None, "error": None}
+                    elif stop_deadline is not None and now >= stop_deadline:
+                        launch.cancel()
+                        stop_deadline = None
+                        run_deadline = None
+                        # The launch reports done once Spark has cancelled the tasks.
+                        cancel_deadline = now + CANCEL_WAIT
+                    elif self.stop_reason is None and len(self.arrived) < self.n and (
+                        now >= rendezvous_deadline
+                    ):
+                        stop_deadline = self._stop(self._rendezvous_timeout(), launch)
+                    elif run_deadline is not None and now >= run_deadline:
+                        run_deadline = None
+                        stop_deadline = self._stop(RunTimeoutError(
+                            f"the run exceeded timeout={self.config.timeout:g}s "
+                            f"({conf_key('timeout')}); every rank was stopped"), launch)
+                    continue
+                if message.get("type") == DONE:
+                    done = message
+                else:
+                    stop = self._handle(conn_id, message)
+                    if stop is not None and self.stop_reason is None:
+                        stop_deadline = self._stop(stop, launch)
+                if self.stop_reason is not None and stop_deadline is not None and (
+                    self.exited >= set(self.arrived)
+                ):
+                    # Every task has confirmed its ranks are gone: end the job now.
+                    launch.cancel()
+                    stop_deadline = None
+                    cancel_deadline = time.monotonic() + CANCEL_WAIT
+            except KeyboardInterrupt:
+                if interrupted:
+                    launch.cancel()
+                    raise
+                interrupted = True
+                self._print("sparktrain: interrupted; stopping every rank (Ctrl-C again to "
+                            "cancel at once)")
+                stop_deadline = self._stop(SparkTrainError("interrupted"), launch)
+                launch.cancel()
+        if interrupted:
+            raise KeyboardInterrupt
+        return self._conclude(done, launch)
+
+    def _stop(self, error: SparkTrainError | None, launch: Launch) -> float:
+        """Ask every task to stop its ranks; returns the deadline for them to confirm."""
+        self.stop_error = error
+        self.stop_reason = str(error) if error else "stopping"
+        self.server.broadcast({"type": "abort", "reason": self.stop_reason},
+                              list(self.task_conns.values()))
+        return time.monotonic() + self.config.grace_period + STOP_SLACK
+
+    def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        kind = message.get("type")
+        if kind == "log":
+            self._print(f"[rank {message.get('rank')}] {message.get('line', '')}")
+        elif kind == "user_log":
+            self._print(f"[rank {message.get('rank')}] {message.get('message', '')}")
+        elif kind == "report":
+            if self.on_report is not None:
+                self.on_report(message)
+        elif kind == "hello":
+            index = int(message["index"])
+            self.arrived.add(index)
+            self.task_conns.setdefault(index, conn_id)
+        elif kind == "started":
+            self.started[int(message["rank"])] = message
+        elif kind == "failure":
+            failure = WorkerFailure.from_json(message["failure"])
+            self.failures.setdefault(failure.rank, failure)
+            return WorkerFailedError(self.failures)
+        elif kind == "exited":
+            self.exited.add(int(message["index"]))
+        elif kind == CLOSED:
+            lost = [i for i, c in self.task_conns.items() if c == conn_id and i not in self.exited]
+            for index in lost:
+                self.exited.add(index)
+                if self.stop_reason is None:
+                    ranks = [r for r, m in self.started.items() if m.get("index") == index]
+                    failure = WorkerFailure(
+                        rank=ranks[0] if ranks else index, phase="lost", time=time.time(),
+                        message="its Spark task vanished (executor lost or Python worker "
+                        "killed) before the rank finished")
+                    self.failures.setdefault(index, failure)
+                    return WorkerFailedError(self.failures)
+        return None
+
+    def _rendezvous_timeout(self) -> RendezvousTimeoutError:
+        missing = sorted(set(range(self.n)) - self.arrived)
+        return RendezvousTimeoutError(
+            f"ranks {missing} never reached the rendezvous within start_timeout="
+            f"{self.config.start_timeout:g}s ({conf_key('start_timeout')}); ranks "
+            f"{sorted(self.arrived)} arrived. Check that the cluster can run {self.n} tasks at "
+            "once and that executors can reach the driver, or raise start_timeout.",
+            missing=missing,
+        )
+
+    def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = done.get("records") or []
+        for record in records:
+            if record.get("status") == "failed" and record.get("failure"):
+                failure = WorkerFailure.from_json(record["failure"])
+                self.failures.setdefault(failure.rank, failure)
+        if self.failures:
+            raise WorkerFailedError(self.failures)
+        if self.stop_error is not None:
+            raise self.stop_error
+        error = done.get("error")
+        if error is not None:
+            failure = WorkerFailure(rank=-1, phase="lost", time=time.time(),
+                                    message=launch.describe_error(error))
+            raise WorkerFailedError({-1: failure}) from error
+        return records

@@ -1,0 +1,84 @@
+"""np > 0: one barrier stage of np tasks, in a job group of its own that we can cancel."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sparktrain.task.entry import TaskJob
+
+
+class SparkLaunch:
+    """Runs the barrier stage from a driver thread; :meth:`cancel` cancels its job group.
+
+    Args:
+        spark: the SparkSession.
+        job: what every task gets.
+        description: the Spark job description shown in the UI.
+    """
+
+    def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
+        self.sc = spark.sparkContext
+        self.job = job
+        self.n = job.run_config.world_size
+        self.group = f"sparktrain-{job.run_id}-{job.attempt}"
+        self.description = description
+
+    def start(self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+              ) -> None:
+        try:
+            from pyspark import InheritableThread as Thread
+        except ImportError:  # pragma: no cover - pyspark < 3.2
+            Thread = threading.Thread  # type: ignore[misc,assignment]  # noqa: N806
+        job = self.job
+
+        def task(iterator: Any) -> Any:
+            from sparktrain.task.entry import run_spark_task
+
+            return run_spark_task(job, iterator)
+
+        def body() -> None:
+            try:
+                self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+                rdd = self.sc.parallelize(range(self.n), self.n).barrier().mapPartitions(task)
+                records = rdd.collect()
+            except BaseException as exc:  # noqa: BLE001 - handed to the monitor
+                done(None, exc)
+            else:
+                done(records, None)
+
+        Thread(target=body, name="sparktrain-stage", daemon=True).start()
+
+    def cancel(self) -> None:
+        """Cancel the job group; running tasks are interrupted and their workers die with them."""
+        try:
+            self.sc.cancelJobGroup(self.group)
+        except Exception:  # noqa: BLE001 - the context may already be stopped
+            pass
+
+    def describe_error(self, error: BaseException) -> str:
+        return describe_spark_error(error)
+
+
+_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)): (.*)$")
+
+
+def describe_spark_error(error: BaseException) -> str:
+    """The useful line of a Spark job failure: the Python error inside it, with a hint."""
+    lines = str(error).splitlines()
+    python_errors = [m for m in map(_PY_ERROR.match, lines) if m and "." not in m.group(1)]
+    spark_reason = next((line.split("SparkException: ", 1)[1] for line in lines
+                         if "SparkException: " in line), None)
+    if python_errors:
+        found = python_errors[-1]
+        text = f"a task failed with {found.group(1)}: {found.group(3).strip()}"
+        if found.group(1) == "ModuleNotFoundError" and "sparktrain" in found.group(3):
+            text += (" (sparktrain must be installed in the executors' Python: set "
+                     "PYSPARK_PYTHON / spark.pyspark.python to an interpreter that has it)")
+        return text
+    if spark_reason:
+        return f"the Spark job failed: {spark_reason.strip()[:500]}"
+    first = lines[0] if lines else type(error).__name__
+    return f"the Spark job failed: {first[:500]}"

@@ -1,0 +1,182 @@
+"""SparkRunner: validate, pickle, launch on Spark barrier tasks or the driver, return rank 0's value."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sparktrain import wire
+from sparktrain.backends import get_backend
+from sparktrain.config import RunConfig
+from sparktrain.driver.channel import ChannelServer
+from sparktrain.driver.monitor import Launch, RunMonitor
+from sparktrain.errors import ConfigurationError, PayloadError
+from sparktrain.payload import dump_call, load_result
+from sparktrain.task.entry import TaskJob
+
+
+class SparkRunner:
+    """Runs a training function on ``np`` ranks and returns rank 0's return value.
+
+    ``np > 0`` runs one rank per Spark barrier task on the executors of the active (or given)
+    SparkSession. ``np < 0`` runs ``-np`` ranks as subprocesses of the driver, without Spark.
+    Every rank gets the ``env://`` variables (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, …), so
+    ``torch.distributed.init_process_group(sparktrain.default_backend())`` needs no arguments.
+
+    Args:
+        np: number of ranks; negative runs them on the driver. Zero is an error.
+        backend: ``"torch"`` (torch.distributed) or ``"horovod"``.
+        driver_log_verbosity: ``"all"`` streams every rank's output to the driver;
+            ``"log_callback_only"`` shows only ``sparktrain.log_to_driver`` messages (and
+            failed ranks' output, in the error).
+        start_timeout: seconds for every rank to reach the rendezvous.
+        timeout: seconds for the whole run; ``None`` for no limit.
+        env: extra environment variables for every rank.
+        use_gpu: ``None`` uses GPUs where the ranks have them; ``False`` hides them.
+        spark: the SparkSession for ``np > 0`` (default: the active one).
+        **settings: any other :class:`~sparktrain.config.RunConfig` field (``grace_period``,
+            ``max_result_bytes``, ``max_restarts``, ``launcher``, …).
+
+    Raises:
+        ConfigurationError: at construction, for an invalid setting.
+
+    Example:
+        >>> def train(lr):
+        ...     import torch.distributed as dist, sparktrain
+        ...     dist.init_process_group(sparktrain.default_backend())
+        ...     return {"rank": dist.get_rank(), "lr": lr}
+        >>> SparkRunner(np=-2).run(train, lr=0.01)
+        {'rank': 0, 'lr': 0.01}
+    """
+
+    def __init__(
+        self,
+        np: int,
+        *,
+        backend: str | None = None,
+        driver_log_verbosity: str | None = None,
+        start_timeout: float | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        use_gpu: bool | None = None,
+        spark: Any = None,
+        **settings: Any,
+    ) -> None:
+        self._overrides: dict[str, Any] = {
+            "backend": backend,
+            "driver_log_verbosity": driver_log_verbosity,
+            "start_timeout": start_timeout,
+            "timeout": timeout,
+            "env": env,
+            "use_gpu": use_gpu,
+            **settings,
+        }
+        self.np = np
+        self._spark = spark
+        # Validate now (without the session's conf) so mistakes surface at construction.
+        self.config = RunConfig.resolve(np, self._overrides)
+        self.history: list[dict[str, Any]] = []
+        self._pre_rendezvous_hook: Callable[[int], None] | None = None
+
+    def _session(self) -> Any:
+        if self._spark is not None:
+            return self._spark
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"np={self.np} runs on Spark executors, but pyspark is not installed "
+                "(pip install 'sparktrain[spark]'), or use a negative np to run on the driver"
+            ) from exc
+        session = SparkSession.getActiveSession()
+        if session is None:
+            raise ConfigurationError(
+                f"np={self.np} runs on Spark executors, but there is no active SparkSession: "
+                "create one (SparkSession.builder.getOrCreate()), pass spark=..., or use a "
+                "negative np to run on the driver"
+            )
+        return session
+
+    def _resolve(self, session: Any) -> RunConfig:
+        if session is None:
+            return self.config
+        if not hasattr(session, "sparkContext") or _is_connect(session):
+            raise ConfigurationError(
+                "this SparkSession is a Spark Connect client; sparktrain needs a classic "
+                "session with a SparkContext (run on the cluster's driver)"
+            )
+        conf = {k: v for k, v in session.sparkContext.getConf().getAll()
+                if k.startswith("spark.sparktrain.")}
+        return RunConfig.resolve(self.np, self._overrides, spark_conf=conf)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's return value.
+
+        Raises:
+            PayloadError: ``fn`` or its arguments cannot be pickled (the captured object is
+                named), or rank 0's result cannot be pickled or is too large.
+            CapacityError: the cluster cannot run ``np`` tasks at once.
+            WorkerFailedError: a rank failed; the root cause comes first.
+            RendezvousTimeoutError: ranks never reached the rendezvous in time.
+            RunTimeoutError: the run exceeded ``timeout``.
+        """
+        session = None if self.np < 0 else self._session()
+        config = self._resolve(session)
+        get_backend(config.backend).check(config)
+        payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
+        hook = None
+        if self._pre_rendezvous_hook is not None:
+            import cloudpickle
+
+            hook = cloudpickle.dumps(self._pre_rendezvous_hook)
+        if session is not None:
+            from sparktrain.driver.capacity import check_capacity
+
+            check_capacity(session.sparkContext, config.world_size, config.capacity_wait)
+        run_id = uuid.uuid4().hex[:12]
+        key = wire.new_key()
+        self.history = []
+        name = getattr(fn, "__name__", "function")
+        bind, advertise = _channel_address(session)
+        with ChannelServer(key, bind=bind, advertise=advertise) as server:
+            job = TaskJob(run_id=run_id, attempt=0, config=config.to_json(),
+                          channel=server.address, key=key, payload=payload, hook=hook)
+            launch = _launch(session, job, f"sparktrain: {name} on {config.world_size} ranks")
+            monitor = RunMonitor(config, server, on_report=self.history.append)
+            records = monitor.watch(launch)
+        return _rank0_result(records)
+
+
+def _is_connect(session: Any) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def _channel_address(session: Any) -> tuple[str, str]:
+    """Where the channel listens and what address tasks use to reach it."""
+    if session is None:
+        return "127.0.0.1", "127.0.0.1"
+    conf = session.sparkContext.getConf()
+    advertise = conf.get("spark.driver.host") or "127.0.0.1"
+    bind = conf.get("spark.driver.bindAddress") or "0.0.0.0"
+    return bind, advertise
+
+
+def _launch(session: Any, job: TaskJob, description: str) -> Launch:
+    if session is None:
+        from sparktrain.driver.local import LocalLaunch
+
+        return LocalLaunch(job)
+    from sparktrain.driver.stage import SparkLaunch
+
+    return SparkLaunch(session, job, description)
+
+
+def _rank0_result(records: list[dict[str, Any]]) -> Any:
+    for record in records:
+        if record.get("rank") == 0 and record.get("status") == "ok":
+            data = record.get("result")
+            if data is None:
+                raise PayloadError("rank 0 finished but its result did not reach the driver")
+            return load_result(data)
+    raise PayloadError("rank 0's outcome did not reach the driver")

@@ -1,0 +1,1 @@
+"""Code that runs inside each rank's training process (never imports pyspark)."""
