@@ -1,0 +1,611 @@
+"""Checkpoints that rank 0 writes atomically, to a local directory or any fsspec URL.
+
+One directory holds one run's checkpoints::
+
+    sparktrain-owner.json             which run writes here (run id, host, pid, since)
+    step-000000000120.<token>.pt      torch.save bytes; a fresh name per save, never rewritten
+    step-000000000120.commit.json     commit marker: data name, size, sha256; written last
+
+A checkpoint exists only once its commit marker does, and the marker is written only after
+its data is complete: fsynced and renamed into place on a local disk; on an object store the
+upload has finished, since a PUT is all-or-nothing. A marker names its data object together
+with its size and SHA-256, so a data object that is missing, truncated or altered is detected
+and skipped. Killing the writer at any instant therefore leaves the previous checkpoint
+intact, and pruning (``keep_last``) starts only after the new marker is in place.
+
+Example:
+    >>> ckpt = sparktrain.checkpoint.load_latest("s3://bucket/run1")
+    >>> start = 0 if ckpt is None else ckpt.step + 1
+    >>> if ckpt is not None:
+    ...     model.load_state_dict(ckpt.state["model"])
+    >>> for step in range(start, steps):
+    ...     ...
+    ...     sparktrain.checkpoint.save({"model": model.state_dict()}, "s3://bucket/run1",
+    ...                                step, keep_last=3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Mapping
+from typing import IO, Any, NamedTuple
+
+from sparktrain.errors import ConfigurationError, SparkTrainError
+from sparktrain.worker import context
+
+__all__ = [
+    "RUN_ID_ENV",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointOwnershipError",
+    "CheckpointWarning",
+    "load_latest",
+    "save",
+]
+
+RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
+OWNER_FILE = "sparktrain-owner.json"
+_FORMAT = 1
+_MARKER = re.compile(r"^step-(\d+)\.commit\.json$")
+_DATA = re.compile(r"^step-(\d+)\.[0-9a-f]+\.pt$")
+_PARTIAL_DATA = re.compile(r"^\.step-(\d+)\.[0-9a-f]+\.pt\.[0-9a-f]+\.partial$")
+_PARTIAL_SUFFIX = ".partial"
+_CHUNK = 1 << 20
+_ATTEMPTS = 3  # listings of a directory that a concurrent save keeps pruning
+
+
+class CheckpointError(SparkTrainError):
+    """A checkpoint passed its integrity check but could not be loaded."""
+
+
+class CheckpointOwnershipError(ConfigurationError):
+    """Another run writes checkpoints into the same directory."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (uncommitted, missing, truncated or corrupted)."""
+
+
+class Checkpoint(NamedTuple):
+    """A loaded checkpoint.
+
+    Attributes:
+        step: the step it was saved with.
+        state: the object given to :func:`save`.
+        path: the path or URL of its data file.
+    """
+
+    step: int
+    state: Any
+    path: str
+
+
+class _Unusable(Exception):
+    """Why one checkpoint cannot be used; turned into a warning.
+
+    ``vanished`` means its files were deleted while being read: a concurrent save pruned
+    it, so a newer checkpoint exists and the directory is worth listing again.
+    """
+
+    def __init__(self, message: str, vanished: bool = False) -> None:
+        super().__init__(message)
+        self.vanished = vanished
+
+
+class _Store:
+    """One checkpoint directory: a local one (os calls, fsync) or an fsspec one."""
+
+    def __init__(self, directory: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.fs: Any = None
+        if "://" not in directory or directory.startswith("file://"):
+            local = directory[len("file://") :] if directory.startswith("file://") else directory
+            self.root = os.path.abspath(local)
+            self._base = ("file://" if directory.startswith("file://") else "") + self.root
+            return
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"checkpoint directory {directory!r} needs fsspec: pip install fsspec "
+                "(plus s3fs for s3://, gcsfs for gs://, adlfs for abfs://)"
+            ) from exc
+        self.fs, root = fsspec.core.url_to_fs(directory, **dict(storage_options or {}))
+        self.root = root.rstrip("/")
+        self._base = directory.rstrip("/")
+        if type(self.fs).__name__ == "LocalFileSystem":  # e.g. local://: keep fsync and rename
+            self.fs = None
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name) if self.fs is None else f"{self.root}/{name}"
+
+    @property
+    def where(self) -> str:
+        """The directory, in the form it was given."""
+        return self._base
+
+    def url(self, name: str) -> str:
+        """The path or URL of ``name``, in the form the directory was given."""
+        return f"{self._base}/{name}"
+
+    def names(self) -> list[str] | None:
+        """The entries of the directory, or None when it does not exist."""
+        try:
+            if self.fs is None:
+                return os.listdir(self.root)
+            # Listings are cached per filesystem instance; a stale one would hide new markers.
+            self.fs.invalidate_cache(self.root)
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def makedirs(self) -> None:
+        if self.fs is None:
+            os.makedirs(self.root, exist_ok=True)
+        else:
+            self.fs.makedirs(self.root, exist_ok=True)
+
+    def read(self, name: str) -> bytes:
+        if self.fs is None:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        return bytes(self.fs.cat_file(self._path(name)))
+
+    def open(self, name: str) -> IO[bytes]:
+        if self.fs is None:
+            return open(self._path(name), "rb")
+        return self.fs.open(self._path(name), "rb")
+
+    def exists(self, name: str) -> bool:
+        if self.fs is None:
+            return os.path.exists(self._path(name))
+        return bool(self.fs.exists(self._path(name)))
+
+    def size(self, name: str) -> int:
+        if self.fs is None:
+            return os.stat(self._path(name)).st_size
+        return int(self.fs.size(self._path(name)))
+
+    def remove(self, name: str) -> None:
+        try:
+            if self.fs is None:
+                os.remove(self._path(name))
+            else:
+                self.fs.rm_file(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def write(self, name: str, fill: Callable[[IO[bytes]], object]) -> None:
+        """Create ``name`` with what ``fill`` writes; it appears whole or not at all.
+
+        Locally the bytes go to a hidden ``.partial`` file that is fsynced, then renamed, and
+        the directory is fsynced. On an object store the upload becomes visible only when
+        it completes; a killed upload leaves nothing under ``name``.
+        """
+        if self.fs is not None:
+            try:
+                with self.fs.open(self._path(name), "wb") as f:
+                    fill(f)
+            except BaseException:
+                self.remove(name)
+                raise
+            return
+        tmp = self._path(f".{name}.{uuid.uuid4().hex[:8]}{_PARTIAL_SUFFIX}")
+        try:
+            with open(tmp, "xb") as f:
+                fill(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path(name))
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+class _HashingWriter:
+    """A write-only file that counts and hashes what passes through to ``target``."""
+
+    def __init__(self, target: IO[bytes]) -> None:
+        self.target = target
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.size += memoryview(data).nbytes
+        self.target.write(data)
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+def _check_args(directory: object, step: object, keep_last: object) -> str:
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise ConfigurationError(
+            f"checkpoint directory must be a non-empty path or URL, got {directory!r}"
+        )
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ConfigurationError(
+            f"checkpoint step must be an int, got {type(step).__name__} {step!r}; "
+            "pass the optimizer step or epoch number, e.g. save(state, directory, step=int(i))"
+        )
+    if step < 0:
+        raise ConfigurationError(f"checkpoint step must be >= 0, got {step}")
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        raise ConfigurationError(
+            f"keep_last must be an int >= 1 or None (keep every checkpoint), got {keep_last!r}"
+        )
+    return str(os.fspath(directory))
+
+
+def _this_process() -> dict[str, Any]:
+    """The owner record of this process; the run id comes from ``_SPARKTRAIN_RUN_ID``."""
+    import psutil
+
+    started = psutil.Process().create_time()
+    host, pid = socket.gethostname(), os.getpid()
+    run_id = os.environ.get(RUN_ID_ENV) or f"process-{host}-{pid}-{int(started * 1000)}"
+    return {"run_id": run_id, "host": host, "pid": pid, "pid_started": started, "since": None}
+
+
+def _is_dead(owner: Mapping[str, Any]) -> bool:
+    """True only when ``owner``'s process is known to be gone (same host, pid not running)."""
+    import psutil
+
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False  # another host: its liveness cannot be seen from here
+    try:
+        started = psutil.Process(owner["pid"]).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+    recorded = owner.get("pid_started")
+    return isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0  # pid reused
+
+
+def _describe(owner: Mapping[str, Any]) -> str:
+    since = owner.get("since")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "?"
+    return (
+        f"run {owner.get('run_id')!r} (host {owner.get('host')}, pid {owner.get('pid')}, "
+        f"writing here since {when})"
+    )
+
+
+def _read_owner(store: _Store) -> dict[str, Any] | None:
+    try:
+        owner = json.loads(store.read(OWNER_FILE))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        warnings.warn(
+            f"ignoring unreadable {store.url(OWNER_FILE)}: {exc}", CheckpointWarning, stacklevel=3
+        )
+        return None
+    return owner if isinstance(owner, dict) and "run_id" in owner else None
+
+
+def _claim(store: _Store, me: dict[str, Any], take_over: bool) -> None:
+    """Make this run the directory's owner, or raise if another live run owns it.
+
+    ``take_over`` only displaces a run that claimed the directory before this process
+    started, so two live runs that both pass it cannot silently take turns: the older one
+    fails at its next save.
+    """
+    owner = _read_owner(store)
+    if owner is not None and owner["run_id"] != me["run_id"]:
+        dead = _is_dead(owner)
+        if not dead and (not take_over or _claimed_later(owner, me)):
+            raise _ownership_error(store, owner, me)
+        why = "its process is gone" if dead else "take_over=True"
+        warnings.warn(
+            f"taking over {store.where} from {_describe(owner)} ({why})",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+    same = owner is not None and all(owner.get(k) == me[k] for k in ("run_id", "host", "pid"))
+    if not same:  # first save of this run, or a restarted attempt of it on another process
+        record = dict(me, since=time.time())
+        store.write(OWNER_FILE, lambda f: f.write(json.dumps(record).encode()))
+
+
+def _claimed_later(owner: Mapping[str, Any], me: Mapping[str, Any]) -> bool:
+    """Whether another process claimed the directory after this process started."""
+    since = owner.get("since")
+    mine = owner.get("host") == me["host"] and owner.get("pid") == me["pid"]
+    return not mine and isinstance(since, (int, float)) and since >= me["pid_started"]
+
+
+def _ownership_error(
+    store: _Store, owner: Mapping[str, Any], me: Mapping[str, Any]
+) -> CheckpointOwnershipError:
+    head = (
+        f"checkpoint directory {store.where} belongs to {_describe(owner)}, and this is "
+        f"run {me['run_id']!r}; two runs saving into one directory would interleave their "
+        "checkpoints."
+    )
+    if _claimed_later(owner, me):
+        return CheckpointOwnershipError(
+            f"{head} That run claimed the directory after this process started, so it is "
+            "live or newer, and take_over=True does not displace it. Give each run its own "
+            "directory."
+        )
+    return CheckpointOwnershipError(
+        f"{head} Fix: give this run another directory; or, if that run has ended and this "
+        "one should continue its checkpoints, pass take_over=True to save(); or, if this is "
+        f"a restart of that run, set {RUN_ID_ENV}={owner['run_id']} as it had."
+    )
+
+
+def save(
+    state: Any,
+    directory: str | os.PathLike[str],
+    step: int,
+    *,
+    keep_last: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    take_over: bool = False,
+) -> str | None:
+    """Save ``state`` as checkpoint ``step`` of ``directory``, on rank 0 only.
+
+    Every rank may call it: on other ranks it checks its arguments and returns None. The
+    checkpoint counts only once complete (see the module docstring), so a crash at any
+    instant leaves the previous one loadable. The directory belongs to one run at a time:
+    the run id is ``_SPARKTRAIN_RUN_ID`` (kept by restarted attempts of a run), else one per
+    process.
+
+    Args:
+        state: anything ``torch.save`` can write, e.g. ``{"model": m.state_dict()}``.
+        directory: a local path, ``file://`` URL or any fsspec URL (``s3://b/run1``).
+        step: the non-negative step number; :func:`load_latest` returns the highest.
+        keep_last: after the new checkpoint is committed, delete all but the newest
+            ``keep_last`` (None keeps every one).
+        storage_options: fsspec options for URLs, e.g. ``{"anon": False}`` or
+            ``{"client_kwargs": {"endpoint_url": url}}``; ignored for local paths.
+        take_over: allow this run to take the directory over from a run that claimed it
+            before this process started (e.g. continuing the checkpoints of a run that ended).
+
+    Returns:
+        The path or URL of the checkpoint's data file on rank 0; None on other ranks.
+
+    Raises:
+        ConfigurationError: ``step``, ``keep_last`` or ``directory`` is invalid, or fsspec
+            is missing for a URL.
+        CheckpointOwnershipError: another live run writes into ``directory``.
+        OSError: the storage failed; the previous checkpoint is left as it was.
+
+    Example:
+        >>> sparktrain.checkpoint.save({"model": model.state_dict(), "epoch": epoch},
+        ...                            "/dbfs/ckpt/run1", step=epoch, keep_last=2)
+        '/dbfs/ckpt/run1/step-000000000003.5f0c2a9e1b7d4c3a.pt'
+    """
+    text = _check_args(directory, step, keep_last)
+    if context.rank() != 0:
+        return None
+    import torch
+
+    store = _Store(text, storage_options)
+    store.makedirs()
+    me = _this_process()
+    _claim(store, me, take_over)
+    data = f"step-{step:012d}.{uuid.uuid4().hex[:16]}.pt"
+    writers: list[_HashingWriter] = []
+
+    def fill(f: IO[bytes]) -> None:
+        writers.append(_HashingWriter(f))
+        torch.save(state, writers[0])  # type: ignore[arg-type]
+
+    store.write(data, fill)
+    owner = _read_owner(store)  # a takeover during a long upload must not be committed over
+    if owner is not None and owner["run_id"] != me["run_id"]:
+        store.remove(data)
+        raise _ownership_error(store, owner, me)
+    marker = {
+        "format": _FORMAT,
+        "step": step,
+        "data": data,
+        "size": writers[0].size,
+        "sha256": writers[0].sha256.hexdigest(),
+        "run_id": me["run_id"],
+        "time": time.time(),
+    }
+    store.write(_marker_name(step), lambda f: f.write(json.dumps(marker).encode()))
+    _tidy(store, step, data, keep_last)
+    return store.url(data)
+
+
+def _marker_name(step: int) -> str:
+    return f"step-{step:012d}.commit.json"
+
+
+def _step_of(name: str) -> int | None:
+    """The step of a data file, or of the ``.partial`` file of one; else None."""
+    match = _DATA.match(name) or _PARTIAL_DATA.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
+    """After ``step`` is committed: prune old checkpoints and drop unreferenced data.
+
+    Markers go before their data, so an interrupted prune leaves only unreferenced files,
+    which a later save removes.
+    """
+    names = store.names() or []
+    markers = {int(m.group(1)): n for n in names if (m := _MARKER.match(n))}
+    newer = sorted(s for s in markers if s > step)
+    if newer:
+        warnings.warn(
+            f"saved step {step} into {store.where}, which already holds newer step(s) "
+            f"{newer}: load_latest returns step {newer[-1]}; delete those or save higher steps",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+    doomed: set[int] = set()
+    if keep_last is not None:
+        doomed = set(sorted((s for s in markers if s != step), reverse=True)[keep_last - 1 :])
+    for s in doomed:
+        store.remove(markers[s])
+    for name in names:
+        match = _DATA.match(name)
+        if match is not None and name != data:
+            s = int(match.group(1))
+            # Another file of this step was replaced just now; a step without a marker is
+            # an interrupted save; a doomed step was pruned.
+            if s == step or s in doomed or s not in markers:
+                store.remove(name)
+        elif name.startswith(".") and name.endswith(_PARTIAL_SUFFIX):
+            store.remove(name)  # left by a save killed before its rename
+
+
+def load_latest(
+    directory: str | os.PathLike[str],
+    map_location: Any = None,
+    *,
+    weights_only: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Checkpoint | None:
+    """Load the newest committed checkpoint of ``directory``, or None when there is none.
+
+    Checkpoints that are uncommitted, or whose data is missing, truncated or corrupted
+    (size or SHA-256 differs from its commit marker), are skipped with a
+    :class:`CheckpointWarning` naming the path and the reason, and the next newest is tried.
+    Any rank may call it; it only reads.
+
+    Args:
+        directory: a local path, ``file://`` URL or any fsspec URL.
+        map_location: passed to ``torch.load``, e.g. ``"cpu"`` or ``{"cuda:0": "cuda:1"}``.
+        weights_only: passed to ``torch.load``; False allows arbitrary pickled objects and
+            must only be used for checkpoints you trust.
+        storage_options: fsspec options for URLs; ignored for local paths.
+
+    Returns:
+        ``Checkpoint(step, state, path)``, or None when no usable checkpoint exists.
+
+    Raises:
+        ConfigurationError: ``directory`` is invalid, or fsspec is missing for a URL.
+        CheckpointError: the newest intact checkpoint cannot be loaded by ``torch.load``
+            (e.g. ``weights_only`` or ``map_location`` does not fit it); older ones are not
+            tried, since they would almost surely fail the same way.
+
+    Example:
+        >>> ckpt = sparktrain.checkpoint.load_latest("s3://bucket/run1", map_location="cpu")
+        >>> if ckpt is not None:
+        ...     model.load_state_dict(ckpt.state["model"])
+        ...     start = ckpt.step + 1
+    """
+    store = _Store(_check_args(directory, 0, None), storage_options)
+    for _attempt in range(_ATTEMPTS):
+        names = store.names() or []
+        found, skipped = _newest(store, names, map_location, weights_only)
+        if found is not None or not any(exc.vanished for exc in skipped.values()):
+            break
+    for step, exc in sorted(skipped.items(), reverse=True):
+        warnings.warn(
+            f"skipping checkpoint {store.url(_marker_name(step))}: {exc}",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+    newest = -1 if found is None else found.step
+    for name in sorted(names):
+        data_step = _step_of(name)
+        if data_step is not None and data_step > newest and data_step not in skipped:
+            warnings.warn(
+                f"ignoring {store.url(name)}: it has no commit marker (its save was interrupted)",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+    return found
+
+
+def _newest(
+    store: _Store, names: list[str], map_location: Any, weights_only: bool
+) -> tuple[Checkpoint | None, dict[int, _Unusable]]:
+    """The newest usable checkpoint among ``names``, and why each newer one was skipped."""
+    steps = sorted((int(m.group(1)) for n in names if (m := _MARKER.match(n))), reverse=True)
+    skipped: dict[int, _Unusable] = {}
+    for step in steps:
+        try:
+            data = _verify(store, step)
+            state = _load(store, data, map_location, weights_only)
+        except _Unusable as exc:
+            skipped[step] = exc
+            if exc.vanished:  # pruned under us: everything older is going too
+                return None, skipped
+            continue
+        return Checkpoint(step, state, store.url(data)), skipped
+    return None, skipped
+
+
+def _verify(store: _Store, step: int) -> str:
+    """Check one commit marker and its data; return the data file's name."""
+    try:
+        marker = json.loads(store.read(_marker_name(step)))
+    except FileNotFoundError:
+        raise _Unusable("the commit marker vanished while being read", vanished=True) from None
+    except (OSError, ValueError) as exc:
+        raise _Unusable(f"the commit marker is unreadable ({exc})") from None
+    if not isinstance(marker, dict) or marker.get("step") != step:
+        raise _Unusable("the commit marker is malformed")
+    data, size, digest = str(marker.get("data")), marker.get("size"), marker.get("sha256")
+    match = _DATA.match(data)  # also keeps the name inside the directory
+    if match is None or int(match.group(1)) != step or not isinstance(size, int):
+        raise _Unusable("the commit marker is malformed")
+    try:
+        actual = store.size(data)
+        if actual != size:
+            raise _Unusable(
+                f"{store.url(data)} is truncated or altered: {actual} bytes, "
+                f"its commit marker records {size}"
+            )
+        sha256 = hashlib.sha256()
+        with store.open(data) as f:
+            while chunk := f.read(_CHUNK):
+                sha256.update(chunk)
+    except FileNotFoundError:
+        vanished = not store.exists(_marker_name(step))
+        raise _Unusable(f"its data file {store.url(data)} is missing", vanished) from None
+    except OSError as exc:
+        raise _Unusable(f"its data file {store.url(data)} cannot be read ({exc})") from None
+    if sha256.hexdigest() != digest:
+        raise _Unusable(
+            f"{store.url(data)} is corrupted: its SHA-256 differs from the one in its commit marker"
+        )
+    return data
+
+
+def _load(store: _Store, data: str, map_location: Any, weights_only: bool) -> Any:
+    import torch
+
+    try:
+        with store.open(data) as f:
+            return torch.load(f, map_location=map_location, weights_only=weights_only)
+    except FileNotFoundError:
+        raise _Unusable(f"its data file {store.url(data)} vanished", vanished=True) from None
+    except Exception as exc:
+        hint = ""
+        if weights_only and "weights_only" in str(exc):
+            hint = "; if it holds other objects than tensors and containers and you trust it, "
+            hint += "pass weights_only=False"
+        raise CheckpointError(
+            f"checkpoint {store.url(data)} is intact (size and SHA-256 match its commit "
+            f"marker) but torch.load failed: {type(exc).__name__}: {exc}{hint}"
+        ) from exc
