@@ -1,0 +1,266 @@
+"""Horovod backend: Horovod's own Gloo rendezvous server plus the ``HOROVOD_*`` rank env.
+
+``hvd.init()`` under Gloo reads its place in the job from the environment
+(``HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*``) and meets its peers through an HTTP key-value store
+(``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``), in three scopes: ``global``, ``local_<hostname>`` and
+``cross_<local_rank>``. :meth:`HorovodBackend.prepare` starts that store (the one
+``horovodrun --gloo`` starts) where rank 0 runs, sized by the same plan :func:`horovod_slots`
+derives from the ClusterSpec, so Horovod's ranks are exactly sparktrain's ``RANK``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import mmap
+import shutil
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sparktrain.backends.base import Backend, interface_env
+from sparktrain.cluster import ClusterSpec, RankSpec
+from sparktrain.config import RunConfig
+from sparktrain.errors import ConfigurationError, SparkTrainError
+
+LAUNCHERS = (None, "gloo", "mpi")
+ADDR_KEY = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+PORT_KEY = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+
+# mpirun launches need the runner to start mpirun on one task and the other ranks through the
+# barrier tasks; until it does, launcher="mpi" is refused rather than silently run as Gloo.
+MPI_LAUNCH_SUPPORTED = False
+
+INSTALL_HINT = (
+    "Horovod with PyTorch support is needed for backend='horovod'. Horovod 0.28.1 does not "
+    "build as-is against torch >= 2.1: run scripts/install-horovod.sh [PYTHON] from the "
+    "sparktrain repository (it builds it with Gloo, and MPI when Open MPI is installed, in "
+    "~12 min on 2 cores), or build it yourself with HOROVOD_WITH_PYTORCH=1 "
+    "HOROVOD_WITH_GLOO=1 and a C++17 compiler: pip install --no-build-isolation horovod. "
+    "On a Spark cluster it must be installed in the executors' Python environment too. "
+    "Or use backend='torch'."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class HorovodSlot:
+    """One rank's place in Horovod's terms (the fields of Horovod's ``SlotInfo``).
+
+    Attributes:
+        hostname: the host's name in rendezvous scopes (``local_<hostname>``).
+        rank: global rank, the same as sparktrain's ``RANK``.
+        size: number of ranks.
+        local_rank: index among the ranks on the same host.
+        local_size: number of ranks on that host.
+        cross_rank: index of this host among the hosts that have a rank with this local rank.
+        cross_size: number of hosts that have a rank with this local rank.
+    """
+
+    hostname: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def env(self) -> dict[str, str]:
+        """The ``HOROVOD_*`` variables ``hvd.init()`` reads under Gloo."""
+        return {
+            "HOROVOD_HOSTNAME": self.hostname,
+            "HOROVOD_RANK": str(self.rank),
+            "HOROVOD_SIZE": str(self.size),
+            "HOROVOD_LOCAL_RANK": str(self.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(self.local_size),
+            "HOROVOD_CROSS_RANK": str(self.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(self.cross_size),
+        }
+
+
+def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
+    """Map a ClusterSpec to Horovod's per-rank fields, one per rank in global-rank order.
+
+    This is what Horovod's ``get_host_assignments`` computes for the host list
+    ``host0:n0,host1:n1,...`` in node-rank order: ranks contiguous per host, ``cross_rank`` the
+    position of the host among the hosts that have a rank with the same local rank (hosts in
+    node-rank order) and ``cross_size`` the number of those hosts. Local rank and size are
+    taken from the spec, so ``HOROVOD_LOCAL_RANK`` always equals ``LOCAL_RANK``.
+
+    Raises:
+        SparkTrainError: when the spec's ranks are not 0..n-1 in order, or a host's local
+            ranks are not 0..k-1 (a bug in the mapping, not a user error).
+    """
+    ranks = spec.ranks
+    if [r.rank for r in ranks] != list(range(len(ranks))):
+        raise SparkTrainError(f"ClusterSpec ranks out of order: {[r.rank for r in ranks]}")
+    hosts_by_node = sorted({(r.node_rank, r.task.host) for r in ranks})
+    local_sizes: dict[str, int] = {}
+    for host in {r.task.host for r in ranks}:
+        on_host = spec.on_host(host)
+        if [r.local_rank for r in on_host] != list(range(len(on_host))):
+            raise SparkTrainError(
+                f"local ranks on {host} are {[r.local_rank for r in on_host]}, not 0..n-1"
+            )
+        local_sizes[host] = len(on_host)
+    slots = []
+    for r in ranks:
+        # Hosts that have a rank with this local rank, in node order.
+        peers = [host for _, host in hosts_by_node if local_sizes[host] > r.local_rank]
+        slots.append(
+            HorovodSlot(
+                hostname=r.task.host,
+                rank=r.rank,
+                size=len(ranks),
+                local_rank=r.local_rank,
+                local_size=local_sizes[r.task.host],
+                cross_rank=peers.index(r.task.host),
+                cross_size=len(peers),
+            )
+        )
+    return tuple(slots)
+
+
+def horovod_torch_library() -> Path | None:
+    """The installed ``horovod.torch`` extension, found without importing torch or Horovod.
+
+    Returns:
+        The path of ``horovod/torch/mpi_lib_v2*.so``, or ``None`` when Horovod is not
+        installed or was built without PyTorch.
+    """
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        for lib in sorted(Path(location, "torch").glob("mpi_lib_v2*")):
+            return lib
+    return None
+
+
+def _links_mpi(library: Path) -> bool:
+    """Whether a Horovod extension was linked against an MPI library."""
+    try:
+        with library.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b"libmpi") >= 0
+    except (OSError, ValueError):
+        return True  # cannot tell: let hvd.init() say
+
+
+class HorovodBackend(Backend):
+    """``hvd.init()`` works with no arguments; ranks meet through Horovod's Gloo rendezvous."""
+
+    name = "horovod"
+
+    def __init__(self) -> None:
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def check(self, config: RunConfig) -> None:
+        """Fail fast on the driver when Horovod (or, for ``launcher='mpi'``, MPI) is missing.
+
+        Raises:
+            ConfigurationError: naming how to install what is missing.
+        """
+        if config.launcher not in LAUNCHERS:
+            raise ConfigurationError(
+                f"launcher={config.launcher!r} is not a Horovod launcher; use 'gloo' "
+                "(the default) or 'mpi' (argument launcher=, or spark.sparktrain.launcher)"
+            )
+        if importlib.util.find_spec("horovod") is None:
+            raise ConfigurationError(f"Horovod is not installed. {INSTALL_HINT}")
+        library = horovod_torch_library()
+        if library is None:
+            raise ConfigurationError(
+                "Horovod is installed but without its PyTorch extension (horovod.torch). "
+                "Rebuild it: HOROVOD_FORCE=1 scripts/install-horovod.sh, or pip uninstall "
+                "horovod and pip install --no-cache-dir --no-build-isolation horovod with "
+                f"HOROVOD_WITH_PYTORCH=1 (torch installed first). {INSTALL_HINT}"
+            )
+        if config.launcher == "mpi":
+            self._check_mpi(library)
+
+    @staticmethod
+    def _check_mpi(library: Path) -> None:
+        if shutil.which("mpirun") is None:
+            raise ConfigurationError(
+                "launcher='mpi' needs Open MPI's mpirun on PATH (on the driver and every "
+                "executor host): apt-get install openmpi-bin libopenmpi-dev, then rebuild "
+                "Horovod with MPI (HOROVOD_FORCE=1 scripts/install-horovod.sh); or use "
+                "launcher='gloo', which needs no MPI"
+            )
+        if not _links_mpi(library):
+            raise ConfigurationError(
+                f"launcher='mpi' needs Horovod built with MPI, and {library} is not "
+                "(hvd.mpi_built() is False): rebuild it now that mpicxx is installed with "
+                "HOROVOD_FORCE=1 scripts/install-horovod.sh (or HOROVOD_WITH_MPI=1 pip install "
+                "--no-cache-dir --no-build-isolation horovod); or use launcher='gloo'"
+            )
+        if not MPI_LAUNCH_SUPPORTED:
+            raise ConfigurationError(
+                "launcher='mpi' is not supported by this version of sparktrain yet: leave "
+                "launcher unset (Gloo, which hvd.init() uses without mpirun)"
+            )
+
+    @property
+    def needs_prepare(self) -> bool:
+        return True
+
+    def prepare(self, spec: ClusterSpec, config: RunConfig) -> dict[str, str]:
+        """Start Horovod's HTTP rendezvous server for this spec, where rank 0 runs.
+
+        Returns:
+            ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` (rank 0's host) and ``..._PORT``.
+        """
+        from horovod.runner.common.util.hosts import SlotInfo
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        self.teardown()
+        plan = [SlotInfo(**dataclasses.asdict(slot)) for slot in horovod_slots(spec)]
+        try:
+            # Bind to the address the ranks are told, not every interface: the store is
+            # unauthenticated (Horovod's C++ client cannot sign requests).
+            server = RendezvousHTTPServer((spec.master_addr, 0), RendezvousHandler, 0)
+        except OSError:
+            server = RendezvousHTTPServer(("", 0), RendezvousHandler, 0)
+        server.init(plan)
+        thread = threading.Thread(
+            target=server.serve_forever, name="sparktrain-horovod-rendezvous", daemon=True
+        )
+        thread.start()
+        self._server, self._thread = server, thread
+        return {ADDR_KEY: spec.master_addr, PORT_KEY: str(server.server_address[1])}
+
+    def env(
+        self, spec: ClusterSpec, rank: RankSpec, shared: Mapping[str, str], config: RunConfig
+    ) -> dict[str, str]:
+        if ADDR_KEY not in shared or PORT_KEY not in shared:
+            raise SparkTrainError(f"the Horovod rendezvous address is missing from {dict(shared)}")
+        env = horovod_slots(spec)[rank.rank].env()
+        env.update(
+            {
+                ADDR_KEY: shared[ADDR_KEY],
+                PORT_KEY: shared[PORT_KEY],
+                "HOROVOD_CONTROLLER": "gloo",
+                "HOROVOD_CPU_OPERATIONS": "gloo",
+                # Horovod waits 30 s by default for peers at hvd.init(); ranks that import
+                # torch on busy executors can take longer to get there.
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(30, math.ceil(config.start_timeout))),
+            }
+        )
+        if rank.task.ifname:
+            env["HOROVOD_GLOO_IFACE"] = rank.task.ifname
+        env.update(interface_env(rank))
+        return env
+
+    def teardown(self) -> None:
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None:
+            return
+        try:
+            server.shutdown()
+        finally:
+            server.server_close()
+            if thread is not None:
+                thread.join(timeout=5)

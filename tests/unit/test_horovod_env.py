@@ -1,0 +1,229 @@
+"""The Horovod backend's rank mapping and checks; no Horovod build needed (one test compares
+with Horovod's own host assignment when it is installed)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparktrain.backends import get_backend
+from sparktrain.backends import horovod as hb
+from sparktrain.backends.base import rank_env
+from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
+from sparktrain.config import RunConfig
+from sparktrain.errors import ConfigurationError, SparkTrainError
+
+SHARED = {hb.ADDR_KEY: "10.0.0.1", hb.PORT_KEY: "4242"}
+
+
+def spec_of(hosts: list[str], ifname: str | None = None) -> ClusterSpec:
+    """A ClusterSpec whose task ``i`` runs on ``hosts[i]``."""
+    infos = [TaskInfo(index=i, host=h, port=5000 + i, ifname=ifname) for i, h in enumerate(hosts)]
+    return build_cluster_spec(infos)
+
+
+# hosts of tasks 0..n-1 -> per global rank: (host, local_rank, local_size, cross_rank,
+# cross_size, task index)
+LAYOUTS = {
+    "one rank": (["a"], [("a", 0, 1, 0, 1, 0)]),
+    "one host, two ranks": (["a", "a"], [("a", 0, 2, 0, 1, 0), ("a", 1, 2, 0, 1, 1)]),
+    "two hosts, one rank each": (["a", "b"], [("a", 0, 1, 0, 2, 0), ("b", 0, 1, 1, 2, 1)]),
+    "two hosts, two ranks each, interleaved": (
+        ["a", "b", "a", "b"],
+        [("a", 0, 2, 0, 2, 0), ("a", 1, 2, 0, 2, 2), ("b", 0, 2, 1, 2, 1), ("b", 1, 2, 1, 2, 3)],
+    ),
+    # Hosts with 2, 1 and 3 tasks, interleaved by task index: a=0,3 b=1 c=2,4,5.
+    "hosts with 2,1,3 tasks, interleaved": (
+        ["a", "b", "c", "a", "c", "c"],
+        [
+            ("a", 0, 2, 0, 3, 0),
+            ("a", 1, 2, 0, 2, 3),
+            ("b", 0, 1, 1, 3, 1),
+            ("c", 0, 3, 2, 3, 2),
+            ("c", 1, 3, 1, 2, 4),
+            ("c", 2, 3, 0, 1, 5),
+        ],
+    ),
+    # The first host is the smallest: the bigger host's higher local ranks are alone.
+    "hosts with 1,3 tasks": (
+        ["a", "b", "b", "b"],
+        [("a", 0, 1, 0, 2, 0), ("b", 0, 3, 1, 2, 1), ("b", 1, 3, 0, 1, 2), ("b", 2, 3, 0, 1, 3)],
+    ),
+    "three hosts, 1,2,1 tasks, last host first seen last": (
+        ["a", "b", "b", "c"],
+        [("a", 0, 1, 0, 3, 0), ("b", 0, 2, 1, 3, 1), ("b", 1, 2, 0, 1, 2), ("c", 0, 1, 2, 3, 3)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_horovod_slots_table(name: str) -> None:
+    hosts, expected = LAYOUTS[name]
+    spec = spec_of(hosts)
+    slots = hb.horovod_slots(spec)
+    got = [
+        (s.hostname, s.local_rank, s.local_size, s.cross_rank, s.cross_size, r.task.index)
+        for s, r in zip(slots, spec.ranks, strict=True)
+    ]
+    assert got == expected
+    assert [s.rank for s in slots] == list(range(len(hosts)))
+    assert all(s.size == len(hosts) for s in slots)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_horovod_env_agrees_with_rank_env(name: str) -> None:
+    hosts, _ = LAYOUTS[name]
+    spec = spec_of(hosts)
+    config = RunConfig(np=len(hosts), backend="horovod")
+    backend = get_backend("horovod")
+    for rank in spec.ranks:
+        base = rank_env(spec, rank, config)
+        env = backend.env(spec, rank, SHARED, config)
+        assert env["HOROVOD_RANK"] == base["RANK"]
+        assert env["HOROVOD_SIZE"] == base["WORLD_SIZE"]
+        assert env["HOROVOD_LOCAL_RANK"] == base["LOCAL_RANK"]
+        assert env["HOROVOD_LOCAL_SIZE"] == base["LOCAL_WORLD_SIZE"]
+        assert env["HOROVOD_HOSTNAME"] == rank.task.host
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_horovod_slots_match_horovods_host_assignments(name: str) -> None:
+    if importlib.util.find_spec("horovod") is None:
+        pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    hosts, _ = LAYOUTS[name]
+    spec = spec_of(hosts)
+    host_string = ",".join(f"{h}:{n}" for h, n in spec.hosts())
+    theirs = get_host_assignments(parse_hosts(host_string), spec.world_size)
+    ours = hb.horovod_slots(spec)
+    assert [vars(s) for s in theirs] == [vars(s) for s in ours]
+
+
+def test_env_has_everything_hvd_init_needs() -> None:
+    spec = spec_of(["10.0.0.1", "10.0.0.2", "10.0.0.1"], ifname="eth0")
+    config = RunConfig(np=3, backend="horovod", start_timeout=300)
+    env = get_backend("horovod").env(spec, spec.for_task(1), SHARED, config)
+    assert env == {
+        "HOROVOD_HOSTNAME": "10.0.0.2",
+        "HOROVOD_RANK": "2",
+        "HOROVOD_SIZE": "3",
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": "1",
+        "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242",
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "300",
+        "HOROVOD_GLOO_IFACE": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
+
+
+def test_env_without_interface_and_short_timeout() -> None:
+    spec = spec_of(["a"])
+    config = RunConfig(np=1, backend="horovod", start_timeout=5)
+    env = get_backend("horovod").env(spec, spec.ranks[0], SHARED, config)
+    assert "HOROVOD_GLOO_IFACE" not in env and "GLOO_SOCKET_IFNAME" not in env
+    assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "30"  # never below Horovod's default
+
+
+def test_env_without_rendezvous_is_a_bug() -> None:
+    spec = spec_of(["a"])
+    with pytest.raises(SparkTrainError, match="rendezvous address is missing"):
+        get_backend("horovod").env(spec, spec.ranks[0], {}, RunConfig(np=1, backend="horovod"))
+
+
+def test_needs_prepare_and_teardown_without_prepare() -> None:
+    backend = get_backend("horovod")
+    assert backend.needs_prepare
+    backend.teardown()  # nothing started: a no-op
+
+
+def _no_horovod(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        if name == "horovod" or name.startswith("horovod."):
+            return None
+        return real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+@pytest.mark.parametrize("launcher", [None, "gloo", "mpi"])
+def test_check_without_horovod_names_the_install_script(
+    monkeypatch: pytest.MonkeyPatch, launcher: str | None
+) -> None:
+    _no_horovod(monkeypatch)
+    config = RunConfig(np=2, backend="horovod", launcher=launcher)
+    with pytest.raises(ConfigurationError) as err:
+        get_backend("horovod").check(config)
+    message = str(err.value)
+    assert "Horovod is not installed" in message
+    assert "scripts/install-horovod.sh" in message
+    assert "pip install --no-build-isolation horovod" in message
+    assert "backend='torch'" in message
+
+
+def test_check_horovod_without_torch_extension(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "torch").mkdir()
+    fake = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
+    fake.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: fake)
+    with pytest.raises(ConfigurationError, match="without its PyTorch extension"):
+        get_backend("horovod").check(RunConfig(np=2, backend="horovod"))
+
+
+def test_check_rejects_unknown_launcher() -> None:
+    with pytest.raises(ConfigurationError, match="not a Horovod launcher"):
+        get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="ssh"))
+
+
+@pytest.fixture
+def fake_horovod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An installed-looking horovod whose torch extension is a file we control."""
+    lib = tmp_path / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"\x7fELF...libgloo...")
+    fake = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
+    fake.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: fake)
+    return lib
+
+
+def test_check_gloo_with_horovod_passes(fake_horovod: Path) -> None:
+    get_backend("horovod").check(RunConfig(np=2, backend="horovod"))
+    get_backend("horovod").check(RunConfig(np=-2, backend="horovod", launcher="gloo"))
+
+
+def test_check_mpi_without_mpirun(monkeypatch: pytest.MonkeyPatch, fake_horovod: Path) -> None:
+    monkeypatch.setattr(hb.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigurationError, match="apt-get install openmpi-bin libopenmpi-dev"):
+        get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="mpi"))
+
+
+def test_check_mpi_with_horovod_built_without_mpi(
+    monkeypatch: pytest.MonkeyPatch, fake_horovod: Path
+) -> None:
+    monkeypatch.setattr(hb.shutil, "which", lambda name: "/usr/bin/mpirun")
+    with pytest.raises(ConfigurationError, match="needs Horovod built with MPI"):
+        get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="mpi"))
+
+
+def test_check_mpi_with_everything_is_refused_until_supported(
+    monkeypatch: pytest.MonkeyPatch, fake_horovod: Path
+) -> None:
+    fake_horovod.write_bytes(b"\x7fELF...libmpi.so.40...")
+    monkeypatch.setattr(hb.shutil, "which", lambda name: "/usr/bin/mpirun")
+    with pytest.raises(ConfigurationError, match="not supported by this version"):
+        get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="mpi"))
