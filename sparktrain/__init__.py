@@ -16,7 +16,7 @@ from sparktrain.errors import (
     WorkerFailedError,
     WorkerFailure,
 )
-from sparktrain.runner import SparkRunner
+from sparktrain.runner import HorovodRunner, SparkRunner
 from sparktrain.worker.context import (
     default_backend,
     local_rank,
@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CapacityError",
+    "HorovodRunner",
     "ConfigurationError",
     "PayloadError",
     "RendezvousTimeoutError",

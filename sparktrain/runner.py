@@ -148,6 +148,31 @@ class SparkRunner:
         return _rank0_result(records)
 
 
+class HorovodRunner(SparkRunner):
+    """Databricks' HorovodRunner API on any Spark: ``SparkRunner`` with the Horovod backend.
+
+    Code written for ``sparkdl.HorovodRunner`` runs by changing its import.
+
+    Args:
+        np: number of ranks; negative runs them on the driver.
+        driver_log_verbosity: ``"log_callback_only"`` (the default, as on Databricks) or
+            ``"all"``.
+        **settings: any other SparkRunner setting (``launcher="mpi"``, ``timeout``, …).
+
+    Example:
+        >>> def train_hvd(learning_rate):
+        ...     import horovod.torch as hvd
+        ...     hvd.init()
+        ...     ...
+        >>> HorovodRunner(np=2).run(train_hvd, learning_rate=0.001)
+    """
+
+    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only",
+                 **settings: Any) -> None:
+        settings.setdefault("backend", "horovod")
+        super().__init__(np, driver_log_verbosity=driver_log_verbosity, **settings)
+
+
 def _is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 

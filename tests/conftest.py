@@ -1,0 +1,69 @@
+"""Shared fixtures: one local-cluster SparkSession for the whole test session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import importlib
+import pkgutil
+
+from tests import fixtures
+
+# Executors cannot import the tests package: ship every module of tests/fixtures by value.
+# (Those modules import heavy libraries inside their functions only.)
+for _module in pkgutil.iter_modules(fixtures.__path__):
+    cloudpickle.register_pickle_by_value(importlib.import_module(f"tests.fixtures.{_module.name}"))
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+
+
+def spark_test_conf() -> dict[str, str]:
+    """conf/spark-defaults.conf with {conf} filled in, plus this interpreter for executors."""
+    conf: dict[str, str] = {}
+    for line in (CONF / "spark-defaults.conf").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            conf[key.strip()] = value.strip().replace("{conf}", str(CONF))
+    conf["spark.pyspark.python"] = sys.executable
+    conf["spark.pyspark.driver.python"] = sys.executable
+    return conf
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local-cluster[2,1,1024] session: two executor JVMs, one core and one fake GPU each."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Java 17+ is needed for Spark tests (install openjdk-17-jre-headless)")
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    builder = pyspark_sql.SparkSession.builder.master("local-cluster[2,1,1024]").appName(
+        "sparktrain-tests"
+    )
+    for key, value in spark_test_conf().items():
+        builder = builder.config(key, value)
+    with pytest.MonkeyPatch.context() as patch:
+        # Executors start "python3" from PATH unless told otherwise; they need this venv.
+        patch.setenv("PYSPARK_PYTHON", sys.executable)
+        session = builder.getOrCreate()
+        yield session
+        session.stop()
+
+
+@pytest.fixture(params=["local", "spark"])
+def mode(request):
+    """Run a test on the driver (np<0) and on Spark executors (np>0)."""
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    return request.param
+
+
+def ranks(mode: str, n: int) -> int:
+    """The np argument that runs n ranks in ``mode``."""
+    return -n if mode == "local" else n

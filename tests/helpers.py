@@ -1,0 +1,46 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+
+
+def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60.0) -> list[Path]:
+    """Wait until ``count`` files match; the files are written atomically by the ranks."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(directory.glob(pattern))
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"only {sorted(directory.glob(pattern))} appeared in {timeout}s")
+
+
+def recorded_pids(pid_dir: Path) -> list[int]:
+    """The pids the ranks wrote with trainers.record_pid."""
+    return [int(p.read_text()) for p in sorted(pid_dir.glob("*.pid"))]
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Pids that still run (zombies count as gone: they have exited)."""
+    living = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                living.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return living
+
+
+def worker_processes() -> list[psutil.Process]:
+    """Every ``python -m sparktrain.worker`` process on this machine."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if "sparktrain.worker" in cmdline:
+            found.append(proc)
+    return found

@@ -1,0 +1,209 @@
+"""The runner end to end, on the driver (np<0) and on local-cluster executors (np>0)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+import sparktrain
+from sparktrain import (
+    PayloadError,
+    RendezvousTimeoutError,
+    RunTimeoutError,
+    SparkRunner,
+    WorkerFailedError,
+)
+from tests.conftest import ranks
+from tests.fixtures import trainers
+from tests.helpers import alive, recorded_pids, wait_for_files
+
+
+def test_returns_rank0_value_and_streams_logs(mode, capsys):
+    result = SparkRunner(np=ranks(mode, 2)).run(trainers.whoami, tag="x")
+    assert result["RANK"] == "0" and result["tag"] == "x"
+    assert result["WORLD_SIZE"] == "2" and result["MASTER_PORT"]
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from rank 0 x" in out
+    assert "[rank 1] hello from rank 1 x" in out
+
+
+def test_allreduce_over_gloo(mode):
+    assert SparkRunner(np=ranks(mode, 2)).run(trainers.allreduce_sum) == 3.0
+
+
+def test_log_callback_only_shows_only_driver_messages(mode, capsys):
+    def chatty():
+        import sparktrain
+
+        print("noise that stays on the worker", flush=True)
+        sparktrain.log_to_driver(f"signal from {sparktrain.rank()}")
+        return sparktrain.rank()
+
+    result = SparkRunner(np=ranks(mode, 2), driver_log_verbosity="log_callback_only").run(chatty)
+    out = capsys.readouterr().out
+    assert result == 0
+    assert "[rank 0] signal from 0" in out and "[rank 1] signal from 1" in out
+    assert "noise" not in out
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("raise", "raised RuntimeError: injected failure on rank 1"),
+        ("exit", "exited with code 3"),
+        ("sigkill", "was killed by SIGKILL"),
+    ],
+)
+def test_failed_rank_stops_everything(mode, how, expected, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        SparkRunner(np=ranks(mode, 2), grace_period=2).run(trainers.fail_on_rank,
+                                                            str(tmp_path), how)
+    elapsed = time.monotonic() - start
+    error = info.value
+    assert error.root_cause.rank == 1
+    message = str(error)
+    assert message.index("Root cause") < message.index("rank 1")
+    assert expected in message
+    if how == "raise":
+        assert "Traceback" in message and "fail_on_rank" in message
+    assert "about to fail" in message  # the last lines of the failed rank's output
+    # Rank 0 was blocked in all_reduce; it was stopped, not left behind.
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+    assert elapsed < 60, f"failure took {elapsed:.1f}s to surface"
+
+
+def test_spark_job_group_is_cancelled_on_failure(spark, tmp_path):
+    with pytest.raises(WorkerFailedError):
+        SparkRunner(np=2, grace_period=2).run(trainers.fail_on_rank, str(tmp_path), "raise")
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_rank_that_never_reaches_rendezvous(mode):
+    runner = SparkRunner(np=ranks(mode, 2), start_timeout=4)
+
+    def hang_task_1(index: int) -> None:
+        if index == 1:
+            time.sleep(600)
+
+    runner._pre_rendezvous_hook = hang_task_1
+    start = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError) as info:
+        runner.run(trainers.noop)
+    assert info.value.missing == [1]
+    assert "ranks [1] never reached the rendezvous" in str(info.value)
+    assert "startTimeout" in str(info.value)
+    assert time.monotonic() - start < 40
+
+
+def test_run_timeout_stops_ranks(mode, tmp_path):
+    with pytest.raises(RunTimeoutError, match="timeout=6s"):
+        SparkRunner(np=ranks(mode, 2), timeout=6, grace_period=1).run(
+            trainers.block_forever, str(tmp_path))
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+
+
+def test_keyboard_interrupt_stops_ranks(mode, tmp_path):
+    def interrupt_when_started():
+        wait_for_files(tmp_path, "*.pid", 2)
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C (or a notebook's stop button) sends
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        SparkRunner(np=ranks(mode, 2), grace_period=1).run(trainers.block_forever, str(tmp_path))
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+
+
+def test_unpicklable_capture_is_named_before_launch(mode):
+    lock = threading.Lock()
+
+    def uses_lock():
+        with lock:
+            return 1
+
+    start = time.monotonic()
+    with pytest.raises(PayloadError, match="'lock' captured by uses_lock"):
+        SparkRunner(np=ranks(mode, 2)).run(uses_lock)
+    assert time.monotonic() - start < 2
+
+
+def test_spark_context_capture_is_named(spark):
+    sc = spark.sparkContext
+
+    def uses_sc():
+        return sc.defaultParallelism
+
+    with pytest.raises(PayloadError, match="'sc' captured by uses_sc.*SparkContext"):
+        SparkRunner(np=2).run(uses_sc)
+
+
+def test_unpicklable_result(mode):
+    def returns_lock():
+        import threading
+
+        return threading.Lock()
+
+    with pytest.raises(WorkerFailedError, match="cannot be pickled"):
+        SparkRunner(np=ranks(mode, 2)).run(returns_lock)
+
+
+def test_result_too_large(mode):
+    def returns_big():
+        return b"x" * 5000
+
+    with pytest.raises(WorkerFailedError, match="over the limit"):
+        SparkRunner(np=ranks(mode, 1), max_result_bytes=1000).run(returns_big)
+
+
+def test_garbage_sent_to_the_channel_does_not_disturb_the_run(mode, capsys):
+    def send_garbage_then_train():
+        import os
+        import random
+
+        import sparktrain
+        from sparktrain.wire import parse_address
+
+        address = parse_address(os.environ["_SPARKTRAIN_CHANNEL"])
+        rng = random.Random(sparktrain.rank())
+        for size in (1, 7, 40, 4096):
+            with socket.create_connection(address) as sock:
+                sock.recv(16)
+                sock.sendall(bytes(rng.getrandbits(8) for _ in range(size)))
+        with socket.create_connection(address) as sock:  # a forged length header
+            sock.recv(16)
+            sock.sendall(b"SPT1\xff\xff\xff\xff" + b"\0" * 64)
+        sparktrain.log_to_driver(f"still fine on {sparktrain.rank()}")
+        return trainers.allreduce_sum()
+
+    result = SparkRunner(np=ranks(mode, 2)).run(send_garbage_then_train)
+    assert result == 3.0
+    out = capsys.readouterr().out
+    assert "[rank 0] still fine on 0" in out and "[rank 1] still fine on 1" in out
+
+
+def test_ddp_trainer_pattern_learns_and_ranks_agree(mode):
+    result = SparkRunner(np=ranks(mode, 2)).run(trainers.ddp_digits, epochs=3)
+    losses = result["losses"]
+    assert losses[-1] < losses[0] * 0.7, losses
+    assert result["accuracy"] > 0.8
+    first, second = result["params"]
+    assert first == second  # DDP kept the replicas identical
+    assert result["rank"] == 0
+
+
+def test_default_backend_on_cpu(mode):
+    def backend():
+        import sparktrain
+
+        return sparktrain.default_backend()
+
+    assert SparkRunner(np=ranks(mode, 1)).run(backend) == "gloo"
+    assert sparktrain.default_backend() == "gloo"
