@@ -30,14 +30,22 @@ import hashlib
 import json
 import os
 import re
-import socket
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.errors import ConfigurationError, SparkTrainError
+from sparktrain.checkpoint import _owner
+from sparktrain.checkpoint._errors import (
+    CheckpointError,
+    CheckpointOwnershipError,
+    CheckpointWarning,
+)
+from sparktrain.checkpoint._owner import OWNER_FILE as OWNER_FILE  # public, not in __all__
+from sparktrain.checkpoint._owner import RUN_ID_ENV
+from sparktrain.checkpoint._store import PARTIAL_SUFFIX, _HashingWriter, _Store
+from sparktrain.errors import ConfigurationError
 from sparktrain.worker import context
 
 __all__ = [
@@ -50,27 +58,12 @@ __all__ = [
     "save",
 ]
 
-RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
-OWNER_FILE = "sparktrain-owner.json"
 _FORMAT = 1
 _MARKER = re.compile(r"^step-(\d+)\.commit\.json$")
 _DATA = re.compile(r"^step-(\d+)\.[0-9a-f]+\.pt$")
 _PARTIAL_DATA = re.compile(r"^\.step-(\d+)\.[0-9a-f]+\.pt\.[0-9a-f]+\.partial$")
-_PARTIAL_SUFFIX = ".partial"
 _CHUNK = 1 << 20
 _ATTEMPTS = 3  # listings of a directory that a concurrent save keeps pruning
-
-
-class CheckpointError(SparkTrainError):
-    """A checkpoint passed its integrity check but could not be loaded."""
-
-
-class CheckpointOwnershipError(ConfigurationError):
-    """Another run writes checkpoints into the same directory."""
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (uncommitted, missing, truncated or corrupted)."""
 
 
 class Checkpoint(NamedTuple):
@@ -99,147 +92,15 @@ class _Unusable(Exception):
         self.vanished = vanished
 
 
-class _Store:
-    """One checkpoint directory: a local one (os calls, fsync) or an fsspec one."""
-
-    def __init__(self, directory: str, storage_options: Mapping[str, Any] | None) -> None:
-        self.fs: Any = None
-        if "://" not in directory or directory.startswith("file://"):
-            local = directory[len("file://") :] if directory.startswith("file://") else directory
-            self.root = os.path.abspath(local)
-            self._base = ("file://" if directory.startswith("file://") else "") + self.root
-            return
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"checkpoint directory {directory!r} needs fsspec: pip install fsspec "
-                "(plus s3fs for s3://, gcsfs for gs://, adlfs for abfs://)"
-            ) from exc
-        self.fs, root = fsspec.core.url_to_fs(directory, **dict(storage_options or {}))
-        self.root = root.rstrip("/")
-        self._base = directory.rstrip("/")
-        if type(self.fs).__name__ == "LocalFileSystem":  # e.g. local://: keep fsync and rename
-            self.fs = None
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self.root, name) if self.fs is None else f"{self.root}/{name}"
-
-    @property
-    def where(self) -> str:
-        """The directory, in the form it was given."""
-        return self._base
-
-    def url(self, name: str) -> str:
-        """The path or URL of ``name``, in the form the directory was given."""
-        return f"{self._base}/{name}"
-
-    def names(self) -> list[str] | None:
-        """The entries of the directory, or None when it does not exist."""
-        try:
-            if self.fs is None:
-                return os.listdir(self.root)
-            # Listings are cached per filesystem instance; a stale one would hide new markers.
-            self.fs.invalidate_cache(self.root)
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    def makedirs(self) -> None:
-        if self.fs is None:
-            os.makedirs(self.root, exist_ok=True)
-        else:
-            self.fs.makedirs(self.root, exist_ok=True)
-
-    def read(self, name: str) -> bytes:
-        if self.fs is None:
-            with open(self._path(name), "rb") as f:
-                return f.read()
-        return bytes(self.fs.cat_file(self._path(name)))
-
-    def open(self, name: str) -> IO[bytes]:
-        if self.fs is None:
-            return open(self._path(name), "rb")
-        return self.fs.open(self._path(name), "rb")
-
-    def exists(self, name: str) -> bool:
-        if self.fs is None:
-            return os.path.exists(self._path(name))
-        return bool(self.fs.exists(self._path(name)))
-
-    def size(self, name: str) -> int:
-        if self.fs is None:
-            return os.stat(self._path(name)).st_size
-        return int(self.fs.size(self._path(name)))
-
-    def remove(self, name: str) -> None:
-        try:
-            if self.fs is None:
-                os.remove(self._path(name))
-            else:
-                self.fs.rm_file(self._path(name))
-        except FileNotFoundError:
-            pass
-
-    def write(self, name: str, fill: Callable[[IO[bytes]], object]) -> None:
-        """Create ``name`` with what ``fill`` writes; it appears whole or not at all.
-
-        Locally the bytes go to a hidden ``.partial`` file that is fsynced, then renamed, and
-        the directory is fsynced. On an object store the upload becomes visible only when
-        it completes; a killed upload leaves nothing under ``name``.
-        """
-        if self.fs is not None:
-            try:
-                with self.fs.open(self._path(name), "wb") as f:
-                    fill(f)
-            except BaseException:
-                self.remove(name)
-                raise
-            return
-        tmp = self._path(f".{name}.{uuid.uuid4().hex[:8]}{_PARTIAL_SUFFIX}")
-        try:
-            with open(tmp, "xb") as f:
-                fill(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path(name))
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-class _HashingWriter:
-    """A write-only file that counts and hashes what passes through to ``target``."""
-
-    def __init__(self, target: IO[bytes]) -> None:
-        self.target = target
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha256.update(data)
-        self.size += memoryview(data).nbytes
-        self.target.write(data)
-        return memoryview(data).nbytes
-
-    def flush(self) -> None:
-        self.target.flush()
-
-
-def _check_args(directory: object, step: object, keep_last: object) -> str:
+def _directory(directory: object) -> str:
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
         raise ConfigurationError(
             f"checkpoint directory must be a non-empty path or URL, got {directory!r}"
         )
+    return str(os.fspath(directory))
+
+
+def _check_save_args(step: object, keep_last: object) -> None:
     if isinstance(step, bool) or not isinstance(step, int):
         raise ConfigurationError(
             f"checkpoint step must be an int, got {type(step).__name__} {step!r}; "
@@ -253,107 +114,6 @@ def _check_args(directory: object, step: object, keep_last: object) -> str:
         raise ConfigurationError(
             f"keep_last must be an int >= 1 or None (keep every checkpoint), got {keep_last!r}"
         )
-    return str(os.fspath(directory))
-
-
-def _this_process() -> dict[str, Any]:
-    """The owner record of this process; the run id comes from ``_SPARKTRAIN_RUN_ID``."""
-    import psutil
-
-    started = psutil.Process().create_time()
-    host, pid = socket.gethostname(), os.getpid()
-    run_id = os.environ.get(RUN_ID_ENV) or f"process-{host}-{pid}-{int(started * 1000)}"
-    return {"run_id": run_id, "host": host, "pid": pid, "pid_started": started, "since": None}
-
-
-def _is_dead(owner: Mapping[str, Any]) -> bool:
-    """True only when ``owner``'s process is known to be gone (same host, pid not running)."""
-    import psutil
-
-    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
-        return False  # another host: its liveness cannot be seen from here
-    try:
-        started = psutil.Process(owner["pid"]).create_time()
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-    recorded = owner.get("pid_started")
-    return isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0  # pid reused
-
-
-def _describe(owner: Mapping[str, Any]) -> str:
-    since = owner.get("since")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "?"
-    return (
-        f"run {owner.get('run_id')!r} (host {owner.get('host')}, pid {owner.get('pid')}, "
-        f"writing here since {when})"
-    )
-
-
-def _read_owner(store: _Store) -> dict[str, Any] | None:
-    try:
-        owner = json.loads(store.read(OWNER_FILE))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        warnings.warn(
-            f"ignoring unreadable {store.url(OWNER_FILE)}: {exc}", CheckpointWarning, stacklevel=3
-        )
-        return None
-    return owner if isinstance(owner, dict) and "run_id" in owner else None
-
-
-def _claim(store: _Store, me: dict[str, Any], take_over: bool) -> None:
-    """Make this run the directory's owner, or raise if another live run owns it.
-
-    ``take_over`` only displaces a run that claimed the directory before this process
-    started, so two live runs that both pass it cannot silently take turns: the older one
-    fails at its next save.
-    """
-    owner = _read_owner(store)
-    if owner is not None and owner["run_id"] != me["run_id"]:
-        dead = _is_dead(owner)
-        if not dead and (not take_over or _claimed_later(owner, me)):
-            raise _ownership_error(store, owner, me)
-        why = "its process is gone" if dead else "take_over=True"
-        warnings.warn(
-            f"taking over {store.where} from {_describe(owner)} ({why})",
-            CheckpointWarning,
-            stacklevel=3,
-        )
-    same = owner is not None and all(owner.get(k) == me[k] for k in ("run_id", "host", "pid"))
-    if not same:  # first save of this run, or a restarted attempt of it on another process
-        record = dict(me, since=time.time())
-        store.write(OWNER_FILE, lambda f: f.write(json.dumps(record).encode()))
-
-
-def _claimed_later(owner: Mapping[str, Any], me: Mapping[str, Any]) -> bool:
-    """Whether another process claimed the directory after this process started."""
-    since = owner.get("since")
-    mine = owner.get("host") == me["host"] and owner.get("pid") == me["pid"]
-    return not mine and isinstance(since, (int, float)) and since >= me["pid_started"]
-
-
-def _ownership_error(
-    store: _Store, owner: Mapping[str, Any], me: Mapping[str, Any]
-) -> CheckpointOwnershipError:
-    head = (
-        f"checkpoint directory {store.where} belongs to {_describe(owner)}, and this is "
-        f"run {me['run_id']!r}; two runs saving into one directory would interleave their "
-        "checkpoints."
-    )
-    if _claimed_later(owner, me):
-        return CheckpointOwnershipError(
-            f"{head} That run claimed the directory after this process started, so it is "
-            "live or newer, and take_over=True does not displace it. Give each run its own "
-            "directory."
-        )
-    return CheckpointOwnershipError(
-        f"{head} Fix: give this run another directory; or, if that run has ended and this "
-        "one should continue its checkpoints, pass take_over=True to save(); or, if this is "
-        f"a restart of that run, set {RUN_ID_ENV}={owner['run_id']} as it had."
-    )
 
 
 def save(
@@ -398,15 +158,16 @@ def save(
         ...                            "/dbfs/ckpt/run1", step=epoch, keep_last=2)
         '/dbfs/ckpt/run1/step-000000000003.5f0c2a9e1b7d4c3a.pt'
     """
-    text = _check_args(directory, step, keep_last)
+    where = _directory(directory)
+    _check_save_args(step, keep_last)
     if context.rank() != 0:
         return None
     import torch
 
-    store = _Store(text, storage_options)
+    store = _Store(where, storage_options)
     store.makedirs()
-    me = _this_process()
-    _claim(store, me, take_over)
+    me = _owner.this_process()
+    _owner.claim(store, me, take_over)
     data = f"step-{step:012d}.{uuid.uuid4().hex[:16]}.pt"
     writers: list[_HashingWriter] = []
 
@@ -415,10 +176,11 @@ def save(
         torch.save(state, writers[0])  # type: ignore[arg-type]
 
     store.write(data, fill)
-    owner = _read_owner(store)  # a takeover during a long upload must not be committed over
-    if owner is not None and owner["run_id"] != me["run_id"]:
+    try:
+        _owner.recheck(store, me)  # a takeover during a long upload must not be committed over
+    except CheckpointOwnershipError:
         store.remove(data)
-        raise _ownership_error(store, owner, me)
+        raise
     marker = {
         "format": _FORMAT,
         "step": step,
@@ -449,7 +211,7 @@ def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
     Markers go before their data, so an interrupted prune leaves only unreferenced files,
     which a later save removes.
     """
-    names = store.names() or []
+    names = store.names()
     markers = {int(m.group(1)): n for n in names if (m := _MARKER.match(n))}
     newer = sorted(s for s in markers if s > step)
     if newer:
@@ -472,7 +234,7 @@ def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
             # an interrupted save; a doomed step was pruned.
             if s == step or s in doomed or s not in markers:
                 store.remove(name)
-        elif name.startswith(".") and name.endswith(_PARTIAL_SUFFIX):
+        elif name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
             store.remove(name)  # left by a save killed before its rename
 
 
@@ -512,9 +274,9 @@ def load_latest(
         ...     model.load_state_dict(ckpt.state["model"])
         ...     start = ckpt.step + 1
     """
-    store = _Store(_check_args(directory, 0, None), storage_options)
+    store = _Store(_directory(directory), storage_options)
     for _attempt in range(_ATTEMPTS):
-        names = store.names() or []
+        names = store.names()
         found, skipped = _newest(store, names, map_location, weights_only)
         if found is not None or not any(exc.vanished for exc in skipped.values()):
             break
