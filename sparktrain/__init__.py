@@ -18,12 +18,14 @@ from sparktrain.errors import (
 )
 from sparktrain.runner import HorovodRunner, SparkRunner
 from sparktrain.worker.context import (
+    attempt,
     default_backend,
     local_rank,
     local_world_size,
     log_to_driver,
     rank,
     report,
+    should_stop,
     use_gpu,
     world_size,
 )
@@ -41,12 +43,14 @@ __all__ = [
     "SparkTrainError",
     "WorkerFailedError",
     "WorkerFailure",
+    "attempt",
     "default_backend",
     "local_rank",
     "local_world_size",
     "log_to_driver",
     "rank",
     "report",
+    "should_stop",
     "use_gpu",
     "world_size",
 ]

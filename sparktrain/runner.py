@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -11,7 +13,12 @@ from sparktrain.backends import get_backend
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import Launch, RunMonitor
-from sparktrain.errors import ConfigurationError, PayloadError
+from sparktrain.errors import (
+    ConfigurationError,
+    PayloadError,
+    RendezvousTimeoutError,
+    WorkerFailedError,
+)
 from sparktrain.payload import dump_call, load_result
 from sparktrain.task.entry import TaskJob
 
@@ -77,6 +84,7 @@ class SparkRunner:
         # Validate now (without the session's conf) so mistakes surface at construction.
         self.config = RunConfig.resolve(np, self._overrides)
         self.history: list[dict[str, Any]] = []
+        self.attempts: list[dict[str, Any]] = []
         self._pre_rendezvous_hook: Callable[[int], None] | None = None
 
     def _session(self) -> Any:
@@ -120,6 +128,13 @@ class SparkRunner:
             WorkerFailedError: a rank failed; the root cause comes first.
             RendezvousTimeoutError: ranks never reached the rendezvous in time.
             RunTimeoutError: the run exceeded ``timeout``.
+
+        With ``max_restarts=K``, a run that fails for a reason other than an exception raised
+        by the function (a rank killed, an executor lost, a rendezvous timeout) is launched
+        again, up to K times; each attempt and its cause is printed, and recorded in
+        :attr:`attempts`. The function resumes from its own checkpoints
+        (``sparktrain.checkpoint.load_latest``); ``sparktrain.attempt()`` tells which attempt
+        it is in. ``restart_on_user_error=True`` restarts after exceptions too.
         """
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
@@ -130,22 +145,67 @@ class SparkRunner:
             import cloudpickle
 
             hook = cloudpickle.dumps(self._pre_rendezvous_hook)
-        if session is not None:
-            from sparktrain.driver.capacity import check_capacity
-
-            check_capacity(session.sparkContext, config.world_size, config.capacity_wait)
-        run_id = uuid.uuid4().hex[:12]
-        key = wire.new_key()
         self.history = []
+        self.attempts = []
+        job = TaskJob(run_id=uuid.uuid4().hex[:12], attempt=0, config=config.to_json(),
+                      channel="", key=b"", payload=payload, hook=hook)
         name = getattr(fn, "__name__", "function")
+        since: float | None = None
+        while True:
+            if session is not None:
+                from sparktrain.driver.capacity import check_capacity
+
+                check_capacity(session.sparkContext, config.world_size, config.capacity_wait,
+                               since=since)
+            try:
+                return _rank0_result(self._attempt(session, config, job, name))
+            except (WorkerFailedError, RendezvousTimeoutError) as exc:
+                cause = _first_line(exc)
+                self.attempts.append({"attempt": job.attempt, "error": exc, "cause": cause})
+                if job.attempt >= config.max_restarts or not _restartable(exc, config):
+                    raise
+                total = config.max_restarts + 1
+                print(f"sparktrain: attempt {job.attempt + 1}/{total} failed: {cause}; "
+                      f"starting attempt {job.attempt + 2}/{total}", flush=True)
+                job = dataclasses.replace(job, attempt=job.attempt + 1)
+                # Executors lost with the failed attempt get time to come back.
+                since = time.time()
+
+    def _attempt(self, session: Any, config: RunConfig, job: TaskJob, name: str
+                 ) -> list[dict[str, Any]]:
+        """One launch of every rank, with a channel of its own."""
+        key = wire.new_key()
         bind, advertise = _channel_address(session)
         with ChannelServer(key, bind=bind, advertise=advertise) as server:
-            job = TaskJob(run_id=run_id, attempt=0, config=config.to_json(),
-                          channel=server.address, key=key, payload=payload, hook=hook)
-            launch = _launch(session, job, f"sparktrain: {name} on {config.world_size} ranks")
+            job = dataclasses.replace(job, channel=server.address, key=key)
+            description = f"sparktrain: {name} on {config.world_size} ranks"
+            if job.attempt:
+                description += f" (attempt {job.attempt + 1})"
+            launch = _launch(session, job, description)
             monitor = RunMonitor(config, server, on_report=self.history.append)
-            records = monitor.watch(launch)
-        return _rank0_result(records)
+            return monitor.watch(launch)
+
+
+def _first_line(error: BaseException) -> str:
+    if isinstance(error, WorkerFailedError):
+        root = error.root_cause
+        return root.describe().splitlines()[0]
+    return str(error).splitlines()[0]
+
+
+def _restartable(error: BaseException, config: RunConfig) -> bool:
+    """Whether launching again can help: lost ranks yes; the user's own exception only on
+    request (it would most likely fail again); unloadable functions and results never."""
+    if isinstance(error, RendezvousTimeoutError):
+        return True
+    if not isinstance(error, WorkerFailedError):
+        return False
+    root = error.root_cause
+    if root.phase in ("load", "result"):
+        return False
+    if root.user_error:
+        return config.restart_on_user_error
+    return True
 
 
 class HorovodRunner(SparkRunner):

@@ -16,7 +16,8 @@ import pkgutil
 from tests import fixtures
 
 # Executors cannot import the tests package: ship every module of tests/fixtures by value.
-# (Those modules import heavy libraries inside their functions only.)
+# (Those modules import heavy libraries inside their functions only; stand-alone scripts the
+# tests run live in tests/fixtures/scripts/, which is not a package and is not imported.)
 for _module in pkgutil.iter_modules(fixtures.__path__):
     cloudpickle.register_pickle_by_value(importlib.import_module(f"tests.fixtures.{_module.name}"))
 

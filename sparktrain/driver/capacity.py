@@ -43,11 +43,12 @@ def busy_slots(sc: Any) -> int:
     return busy
 
 
-def check_capacity(sc: Any, n: int, wait: float) -> None:
+def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> None:
     """Raise CapacityError unless ``n`` task slots are free.
 
     A session that started less than ``wait`` seconds ago may still be registering executors,
-    so it gets until then; an older one is judged at once.
+    so it gets until then; an older one is judged at once. ``since`` (epoch seconds) moves
+    that start, e.g. to when a restart found executors lost.
 
     Raises:
         CapacityError: dynamic allocation is on, or too few slots, naming the settings.
@@ -59,7 +60,7 @@ def check_capacity(sc: Any, n: int, wait: float) -> None:
             "spark.dynamicAllocation.enabled=false (and spark.executor.instances) for this "
             "application"
         )
-    deadline = sc.startTime / 1000.0 + wait
+    deadline = (since if since is not None else sc.startTime / 1000.0) + wait
     while True:
         total = total_slots(sc)
         busy = busy_slots(sc)

@@ -28,6 +28,8 @@ from sparktrain.backends.base import Backend, rank_env
 from sparktrain.cluster import ClusterSpec, RankSpec, TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.errors import WorkerFailure
+from sparktrain.task.mpirun import MpiTask, uses_mpirun
+from sparktrain.task.rsh import PeerServer
 from sparktrain.task.supervise import RankProcess, stop_all
 from sparktrain.worker import bootstrap, context
 
@@ -154,6 +156,21 @@ class _Supervisor:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    def common_env(self, payload_path: Path) -> dict[str, str]:
+        """What every worker process of this task gets, whatever its rank."""
+        paths = [p for p in sys.path if p and os.path.exists(p)]
+        return {
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(paths),
+            RUN_ID_ENV: self.job.run_id,
+            context.ATTEMPT_ENV: str(self.job.attempt),
+            bootstrap.GRACE_ENV: str(self.config.grace_period),
+            context.CHANNEL_ENV: self.job.channel,
+            context.KEY_ENV: self.job.key.hex(),
+            bootstrap.PAYLOAD_ENV: str(payload_path),
+            bootstrap.MAX_RESULT_ENV: str(self.config.max_result_bytes),
+        }
+
     def _spawn(
         self, spec: ClusterSpec, rank: RankSpec, backend: Backend, shared: Mapping[str, str],
         workdir: Path, payload_path: Path,
@@ -163,18 +180,11 @@ class _Supervisor:
         env.update(config.env)
         env.update(rank_env(spec, rank, config))
         env.update(backend.env(spec, rank, shared, config))
-        paths = [p for p in sys.path if p and os.path.exists(p)]
+        env.update(self.common_env(payload_path))
         env.update(
             {
-                "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join(paths),
-                RUN_ID_ENV: self.job.run_id,
-                context.CHANNEL_ENV: self.job.channel,
-                context.KEY_ENV: self.job.key.hex(),
                 context.USE_GPU_ENV: "0" if env.get("CUDA_VISIBLE_DEVICES") == "" else "1",
-                bootstrap.PAYLOAD_ENV: str(payload_path),
                 bootstrap.ERROR_ENV: str(workdir / f"error-{rank.rank}.json"),
-                bootstrap.MAX_RESULT_ENV: str(config.max_result_bytes),
             }
         )
         if rank.rank == 0:
@@ -249,9 +259,20 @@ class _Supervisor:
         return _record(rank, "ok", None, None)
 
 
-def _run_hook(job: TaskJob, index: int) -> None:
-    if job.hook is not None:
-        cloudpickle.loads(job.hook)(index)
+def _run_hook(job: TaskJob, index: int) -> dict[str, Any]:
+    """Run the private test hook; a mapping it returns overrides this task's ``host``."""
+    if job.hook is None:
+        return {}
+    overrides = cloudpickle.loads(job.hook)(index)
+    return dict(overrides) if isinstance(overrides, Mapping) else {}
+
+
+def _peer_server(job: TaskJob, supervisor: _Supervisor, bind: str) -> PeerServer | None:
+    """The listener of an MPI run's task (its port is the one offered at rendezvous)."""
+    if not uses_mpirun(job.run_config.launcher):
+        return None
+    return PeerServer(job.key, lambda kind, ident, message: supervisor.events.put(
+        (kind, ident, message)), bind=bind)
 
 
 def _connect(job: TaskJob) -> wire.ChannelClient | None:
@@ -276,16 +297,21 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
     backend = get_backend(config.backend)
     client = _connect(job)
     supervisor = _Supervisor(job, client)
+    server = _peer_server(job, supervisor, "")
     try:
-        _run_hook(job, index)
-        host = ctx.getTaskInfos()[index].address.rpartition(":")[0]
+        overrides = _run_hook(job, index)
+        host = overrides.get("host") or ctx.getTaskInfos()[index].address.rpartition(":")[0]
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
-        info = TaskInfo(index=index, host=host, port=free_port(), gpus=gpus,
+        port = server.port if server is not None else free_port()
+        info = TaskInfo(index=index, host=host, port=port, gpus=gpus,
                         cpus=int(ctx.cpus()), pid=os.getpid(), ifname=interface_of(host))
         supervisor.send({"type": "hello", "index": index, "info": json.loads(info.to_json())})
         supervisor.listen()
         spec = build_cluster_spec([TaskInfo.from_json(t) for t in ctx.allGather(info.to_json())])
+        if server is not None:
+            yield from MpiTask(supervisor, spec, backend, server, index).run()
+            return
         mine = spec.for_task(index)
         shared: dict[str, str] = {}
         if backend.needs_prepare:
@@ -299,6 +325,8 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
                 backend.teardown()
         yield from records
     finally:
+        if server is not None:
+            server.close()
         supervisor.send({"type": "exited", "index": index})
         if client is not None:
             client.close()
@@ -344,23 +372,31 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
     cpus = max(1, (os.cpu_count() or 1) // n)
     client = _connect(job)
     supervisor = _Supervisor(job, client)
+    server = _peer_server(job, supervisor, "127.0.0.1")
     try:
         infos = []
         for index in range(n):
-            _run_hook(job, index)
-            info = TaskInfo(index=index, host="127.0.0.1", port=free_port() if index == 0 else 0,
+            host = _run_hook(job, index).get("host") or "127.0.0.1"
+            port = 0
+            if index == 0:
+                port = server.port if server is not None else free_port()
+            info = TaskInfo(index=index, host=host, port=port,
                             gpus=(gpus[index],) if gpus else (), cpus=cpus, pid=os.getpid(),
-                            ifname=interface_of("127.0.0.1"))
+                            ifname=interface_of(host))
             supervisor.send({"type": "hello", "index": index, "info": json.loads(info.to_json())})
             infos.append(info)
         supervisor.listen()
         spec = build_cluster_spec(infos)
+        if server is not None:
+            return MpiTask(supervisor, spec, backend, server, None).run()
         shared = _prepare(backend, spec, config)
         try:
             return supervisor.run(spec, spec.ranks, backend, shared)
         finally:
             backend.teardown()
     finally:
+        if server is not None:
+            server.close()
         for index in range(n):
             supervisor.send({"type": "exited", "index": index})
         if client is not None:

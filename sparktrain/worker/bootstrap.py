@@ -18,7 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sparktrain.errors import PayloadError
+from sparktrain.backends.mpi import OUTCOME_DIR_ENV, RANK_TABLE_ENV, parse_rank_table
+from sparktrain.errors import PayloadError, SparkTrainError
 from sparktrain.payload import dump_result, load_call
 from sparktrain.worker import context
 
@@ -28,6 +29,58 @@ ERROR_ENV = "_SPARKTRAIN_ERROR"
 MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
 DEVICE_INDEX_ENV = "_SPARKTRAIN_DEVICE_INDEX"
 PARENT_FD_ENV = "_SPARKTRAIN_PARENT_FD"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (mpirun or Open MPI's daemon) dies (Linux)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the launcher's own cleanup has to do
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _adopt_mpi_rank() -> None:
+    """Under mpirun: take this rank's sparktrain environment from its host's table.
+
+    mpirun starts every rank of a host with one environment; ``OMPI_COMM_WORLD_RANK`` picks
+    this rank's row (``RANK``, ``LOCAL_RANK``, devices, ...) and its outcome file names.
+    Ranks started by mpirun cannot inherit the supervisor's lifeline pipe (Open MPI closes
+    it), so they die with their launcher instead, which the supervisor owns.
+
+    Raises:
+        SparkTrainError: mpirun placed this rank where sparktrain did not expect it.
+    """
+    table_text = os.environ.get(RANK_TABLE_ENV)
+    if table_text is None or "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return
+    os.environ.pop(PARENT_FD_ENV, None)
+    _die_with_parent()
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    folder = os.environ[OUTCOME_DIR_ENV]
+    os.environ[ERROR_ENV] = os.path.join(folder, f"error-{rank}.json")
+    if rank == 0:
+        os.environ[RESULT_ENV] = os.path.join(folder, "result.pkl")
+    else:
+        os.environ.pop(RESULT_ENV, None)
+    os.chdir(folder)
+    table = parse_rank_table(table_text)
+    if rank not in table:
+        raise SparkTrainError(
+            f"mpirun started rank {rank} on a host that runs ranks {sorted(table)}: its host "
+            "list does not match the barrier tasks' (hosts known under several names?)"
+        )
+    os.environ.update(table[rank])
+    size = os.environ.get("OMPI_COMM_WORLD_SIZE")
+    if size is not None and size != os.environ.get("WORLD_SIZE"):
+        raise SparkTrainError(f"mpirun started {size} ranks, sparktrain planned "
+                              f"{os.environ.get('WORLD_SIZE')}")
+GRACE_ENV = "_SPARKTRAIN_GRACE"
 
 
 def _watch_parent() -> None:
@@ -37,13 +90,19 @@ def _watch_parent() -> None:
         return
     fd = int(fd_text)
 
+    grace = float(os.environ.get(GRACE_ENV, "10"))
+
     def watch() -> None:
         try:
             while os.read(fd, 1):
                 pass
         except OSError:
             pass
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        # Like a preemption: SIGTERM first (ranks using should_stop() may save), then SIGKILL.
+        group = os.getpgid(0)
+        os.killpg(group, signal.SIGTERM)
+        threading.Event().wait(grace)
+        os.killpg(group, signal.SIGKILL)
 
     threading.Thread(target=watch, name="sparktrain-parent-watch", daemon=True).start()
 
@@ -94,6 +153,11 @@ def _user_frames(exc: BaseException) -> TracebackType | None:
 
 def main() -> int:
     """Run one rank; returns the process exit code."""
+    try:
+        _adopt_mpi_rank()
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a record
+        _report_error("load", exc, exc.__traceback__, user=False)
+        return 1
     _watch_parent()
     try:
         fn, args, kwargs = load_call(Path(os.environ[PAYLOAD_ENV]).read_bytes())

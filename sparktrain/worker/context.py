@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -19,6 +20,12 @@ from sparktrain import wire
 CHANNEL_ENV = "_SPARKTRAIN_CHANNEL"
 KEY_ENV = "_SPARKTRAIN_KEY"
 USE_GPU_ENV = "_SPARKTRAIN_USE_GPU"
+ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
+
+# Set by the SIGTERM handler that should_stop() installs. Signal handlers need state that
+# lives as long as the process; this is the one such piece in a rank.
+_stop_requested = threading.Event()
+_sigterm_armed: list[bool] = []
 
 _client_lock = threading.Lock()
 _client_state: dict[str, Any] = {}
@@ -42,6 +49,37 @@ def local_rank() -> int:
 def local_world_size() -> int:
     """Number of ranks on this host (1 outside a run)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def attempt() -> int:
+    """Which launch of the run this is: 0 first, then 1, 2, … after restarts (``max_restarts``).
+
+    Example:
+        >>> if sparktrain.attempt() > 0:
+        ...     print("resuming after a restart")
+    """
+    return int(os.environ.get(ATTEMPT_ENV, "0"))
+
+
+def should_stop() -> bool:
+    """True once this rank has been asked to stop (preemption, cancellation, a failed peer).
+
+    The first call arms a grace period: from then on SIGTERM sets this flag instead of ending
+    the process at once, and the rank has the run's ``grace_period`` to save a checkpoint and
+    return before it is killed. Ranks that never call it end at once on SIGTERM, so a rank
+    blocked in a collective does not hold up the others. Call it from the main thread (where
+    Python runs signal handlers), e.g. once per step.
+
+    Example:
+        >>> for step, batch in enumerate(loader):
+        ...     if sparktrain.should_stop():
+        ...         checkpoint.save(state, ckpt_dir, step)
+        ...         break
+    """
+    if not _sigterm_armed and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: _stop_requested.set())
+        _sigterm_armed.append(True)
+    return _stop_requested.is_set()
 
 
 def use_gpu() -> bool:

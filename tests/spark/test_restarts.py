@@ -1,0 +1,132 @@
+"""max_restarts: lost ranks cost a relaunch, never the run; user exceptions fail at once."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparktrain import RunTimeoutError, SparkRunner, WorkerFailedError
+from tests.conftest import ranks
+from tests.fixtures import resumable
+
+ROOT = Path(__file__).resolve().parents[2]
+HOROVOD = importlib.util.find_spec("horovod") is not None
+
+backends = pytest.mark.parametrize(
+    "backend",
+    ["torch", pytest.param("horovod", marks=[
+        pytest.mark.horovod,
+        pytest.mark.skipif(not HOROVOD, reason="Horovod is not installed "
+                           "(scripts/install-horovod.sh builds it)")])],
+)
+
+
+def epoch_log(log_dir: Path, rank: int = 0) -> list[tuple[int, int, int]]:
+    """(attempt, epoch, steps before the epoch) for every epoch the rank started."""
+    lines = (log_dir / f"rank{rank}.log").read_text().split("\n")
+    return [tuple(int(v) for v in line.split()) for line in lines if line]  # type: ignore[misc]
+
+
+@backends
+def test_killed_rank_restarts_and_resumes_exact_steps(mode, backend, tmp_path, capsys):
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    logs.mkdir()
+    runner = SparkRunner(np=ranks(mode, 2), backend=backend, max_restarts=2, grace_period=2)
+    result = runner.run(resumable.resumable, str(ckpt), str(logs), backend=backend,
+                        epochs=4, steps_per_epoch=5, kill_at=(2, 2))
+    # 4 epochs x 5 steps, exactly: epoch 2 restarted from its checkpoint, nothing repeated.
+    assert result == {"steps": 20, "size": 2, "attempt": 1}
+    assert epoch_log(logs) == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
+    assert len(runner.attempts) == 1
+    assert "rank 1" in runner.attempts[0]["cause"] and "SIGKILL" in runner.attempts[0]["cause"]
+    assert "attempt 1/3 failed" in capsys.readouterr().out
+
+
+def test_user_exception_fails_at_once(mode, tmp_path):
+    def raises_once(marker: str) -> None:
+        import sparktrain
+
+        with open(f"{marker}.{sparktrain.rank()}", "a") as fh:
+            fh.write("run\n")
+        if sparktrain.rank() == 1:
+            raise ValueError("a bug in the training code")
+
+    runner = SparkRunner(np=ranks(mode, 2), max_restarts=2, grace_period=1)
+    with pytest.raises(WorkerFailedError, match="a bug in the training code"):
+        runner.run(raises_once, str(tmp_path / "runs"))
+    assert (tmp_path / "runs.1").read_text() == "run\n"  # no second attempt
+    assert len(runner.attempts) == 1
+
+
+def test_user_exception_restarts_when_asked(mode, tmp_path):
+    def raises_in_first_attempt() -> int:
+        import sparktrain
+
+        if sparktrain.attempt() == 0 and sparktrain.rank() == 1:
+            raise ConnectionError("flaky storage")
+        return sparktrain.attempt()
+
+    runner = SparkRunner(np=ranks(mode, 2), max_restarts=1, restart_on_user_error=True,
+                         grace_period=1)
+    assert runner.run(raises_in_first_attempt) == 1
+    assert "ConnectionError: flaky storage" in runner.attempts[0]["cause"]
+
+
+def test_gives_up_after_max_restarts(mode):
+    def always_killed() -> None:
+        import os
+        import signal
+
+        import sparktrain
+
+        if sparktrain.rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    runner = SparkRunner(np=ranks(mode, 2), max_restarts=1, grace_period=1)
+    with pytest.raises(WorkerFailedError, match="SIGKILL"):
+        runner.run(always_killed)
+    assert len(runner.attempts) == 2
+
+
+def test_should_stop_gives_a_grace_period(mode, tmp_path):
+    def saves_when_told(out: str) -> None:
+        import time
+
+        import sparktrain
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if sparktrain.should_stop():
+                with open(f"{out}.{sparktrain.rank()}", "w") as fh:
+                    fh.write("saved")
+                return
+            time.sleep(0.05)
+
+    with pytest.raises(RunTimeoutError):
+        SparkRunner(np=ranks(mode, 2), timeout=8, grace_period=5).run(
+            saves_when_told, str(tmp_path / "state"))
+    assert (tmp_path / "state.0").read_text() == "saved"
+    assert (tmp_path / "state.1").read_text() == "saved"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_lost_executor_restarts_on_replacement(tmp_path):
+    """Kill an executor JVM mid-training; the run goes on, on the replacement executor.
+
+    Runs in its own Spark application (a subprocess), so the shared session keeps its
+    executors."""
+    script = ROOT / "tests" / "fixtures" / "scripts" / "executor_loss_job.py"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          text=True, timeout=400, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "RESULT {'steps': 20, 'size': 2, 'attempt': 1}" in proc.stdout
+    assert "attempt 1/3 failed" in proc.stdout
+    log = epoch_log(tmp_path / "logs")
+    assert log == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
