@@ -91,10 +91,17 @@ def main(argv: list[str] | None = None) -> None:
         peer = TorchDistributor(num_processes=2, local_mode=local, use_gpu=False)
         # TorchDistributor returns the output of whichever local rank wrote last (see notes).
         peer_expect = None if (local and fn is noop) else expect
-        ours_cold, ours_warm = measure(lambda: ours.run(fn), args.repeats, expect)
-        peer_cold, peer_warm = measure(
-            lambda: peer.run(fn), args.repeats, peer_expect) if peer_expect is not None else (
-            _unchecked(lambda: peer.run(fn), args.repeats))
+        def run_ours(ours: SparkRunner = ours, fn: Callable[..., Any] = fn) -> Any:
+            return ours.run(fn)
+
+        def run_peer(peer: TorchDistributor = peer, fn: Callable[..., Any] = fn) -> Any:
+            return peer.run(fn)
+
+        ours_cold, ours_warm = measure(run_ours, args.repeats, expect)
+        if peer_expect is None:
+            peer_cold, peer_warm = _unchecked(run_peer, args.repeats)
+        else:
+            peer_cold, peer_warm = measure(run_peer, args.repeats, peer_expect)
         rows.append((name, where, ours_cold, statistics.median(ours_warm), peer_cold,
                      statistics.median(peer_warm)))
     spark.stop()

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import shutil
 import sys
 from pathlib import Path
 
 import cloudpickle
 import pytest
-
-import importlib
-import pkgutil
 
 from tests import fixtures
 

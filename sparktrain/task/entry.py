@@ -235,25 +235,24 @@ class _Supervisor:
                  ) -> dict[str, Any]:
         error_path = workdir / f"error-{rank.rank}.json"
         result_path = workdir / "result.pkl"
-        tail = tuple(proc.tail)
-        base = {"rank": rank.rank, "host": rank.task.host, "exit_code": code,
-                "output_tail": tail, "time": proc.exit_time or time.time()}
+        base = WorkerFailure(rank=rank.rank, host=rank.task.host, exit_code=code,
+                             output_tail=tuple(proc.tail), time=proc.exit_time or time.time(),
+                             phase="lost")
         if error_path.exists():
             data = json.loads(error_path.read_text(encoding="utf-8"))
-            failure = WorkerFailure(
-                exc_type=data.get("exc_type"), message=data.get("message", ""),
+            failure = dataclasses.replace(
+                base, exc_type=data.get("exc_type"), message=data.get("message", ""),
                 traceback=data.get("traceback"), phase=data.get("phase", "run"),
-                user_error=bool(data.get("user_error")),
-                **{**base, "time": float(data.get("time", base["time"]))},
+                user_error=bool(data.get("user_error")), time=float(data.get("time", base.time)),
             )
             return _record(rank, "failed", None, failure)
         if code != 0:
-            return _record(rank, "failed", None, WorkerFailure(phase="lost", **base))
+            return _record(rank, "failed", None, base)
         if rank.rank == 0:
             if not result_path.exists():
-                failure = WorkerFailure(
-                    message="the process exited with code 0 but wrote no result "
-                    "(did the function call os._exit?)", phase="lost", **base)
+                failure = dataclasses.replace(
+                    base, message="the process exited with code 0 but wrote no result "
+                    "(did the function call os._exit?)")
                 return _record(rank, "failed", None, failure)
             return _record(rank, "ok", result_path.read_bytes(), None)
         return _record(rank, "ok", None, None)

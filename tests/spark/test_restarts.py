@@ -130,3 +130,13 @@ def test_lost_executor_restarts_on_replacement(tmp_path):
     assert "attempt 1/3 failed" in proc.stdout
     log = epoch_log(tmp_path / "logs")
     assert log == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
+
+
+def test_resume_demo_from_the_readme(capsys):
+    from sparktrain.examples import resume_demo
+
+    result = resume_demo.main(["--np", "-2", "--steps-per-epoch", "5"])
+    assert result["steps"] == 20 and result["attempt"] == 1
+    out = capsys.readouterr().out
+    assert "attempt 1/3 failed: rank 1 on 127.0.0.1 was killed by SIGKILL" in out
+    assert "resuming at epoch 2 from the checkpoint of step 10" in out
