@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ RESERVED_ENV = frozenset(
         "LOCAL_RANK",
         "LOCAL_WORLD_SIZE",
         "NODE_RANK",
+        "GROUP_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
     }
@@ -137,7 +139,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is None and name == "timeout":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+                    or not math.isfinite(value)):
                 raise ConfigurationError(
                     f"{name} must be a positive number of seconds; got {value!r}"
                     f" (argument {name}=, or {conf_key(name)})"
@@ -152,6 +155,12 @@ class RunConfig:
             raise ConfigurationError(
                 f"max_restarts must be an integer >= 0; got {self.max_restarts!r}"
             )
+        if not isinstance(self.restart_on_user_error, bool):
+            raise ConfigurationError(
+                f"restart_on_user_error must be True or False; got {self.restart_on_user_error!r}"
+            )
+        if self.launcher is not None and not isinstance(self.launcher, str):
+            raise ConfigurationError(f"launcher must be a string or None; got {self.launcher!r}")
         if self.use_gpu not in (None, True, False):
             raise ConfigurationError(f"use_gpu must be True, False or None; got {self.use_gpu!r}")
         if not isinstance(self.env, Mapping):

@@ -35,6 +35,9 @@ class RendezvousTimeoutError(SparkTrainError, TimeoutError):
         super().__init__(message)
         self.missing = list(missing)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.missing))
+
 
 class RunTimeoutError(SparkTrainError, TimeoutError):
     """The run took longer than its ``timeout``."""
@@ -93,13 +96,7 @@ class WorkerFailure:
         parts = [head]
         if self.traceback:
             parts.append(self.traceback.rstrip())
-        tail = list(self.output_tail)
-        if self.traceback:
-            # The worker also printed its traceback; show it once.
-            tb_lines = self.traceback.rstrip().splitlines()
-            if tb_lines and tail[-len(tb_lines):] == tb_lines:
-                tail = tail[: -len(tb_lines)]
-        tail = tail[-tail_lines:]
+        tail = _without_traceback(list(self.output_tail), self.traceback)[-tail_lines:]
         if tail:
             parts.append(f"last {len(tail)} line(s) of rank {self.rank}'s output:")
             parts.extend(f"  | {line}" for line in tail)
@@ -120,6 +117,24 @@ class WorkerFailure:
         return cls(**kwargs)
 
 
+def _without_traceback(tail: list[str], traceback: str | None) -> list[str]:
+    """The output lines minus the traceback the worker also printed (it is shown once)."""
+    if not traceback:
+        return tail
+    tb_lines = set(traceback.rstrip().splitlines())
+    start = next((i for i in range(len(tail) - 1, -1, -1)
+                  if tail[i].startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        # The tail may hold only the end of a long traceback.
+        start = len(tail)
+        while start > 0 and tail[start - 1] in tb_lines:
+            start -= 1
+    end = start
+    while end < len(tail) and tail[end] in tb_lines:
+        end += 1
+    return tail[:start] + tail[end:]
+
+
 class WorkerFailedError(SparkTrainError):
     """One or more ranks failed; the root cause (earliest failure) comes first.
 
@@ -132,6 +147,7 @@ class WorkerFailedError(SparkTrainError):
         if not failures:
             raise ValueError("WorkerFailedError needs at least one failure")
         self.failures = dict(failures)
+        self.context = context
         ordered = sorted(self.failures.values(), key=lambda f: (f.time, f.rank))
         self.root_cause = ordered[0]
         others = ordered[1:]
@@ -144,3 +160,6 @@ class WorkerFailedError(SparkTrainError):
                 lines.append("")
                 lines.append(failure.describe(tail_lines=5))
         super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures, self.context))

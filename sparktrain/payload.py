@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import inspect
 import pickle
 from collections.abc import Callable, Iterator, Mapping
@@ -42,7 +43,12 @@ def _captured(fn: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
 
 
 def _global_names(code: Any) -> Iterator[str]:
-    yield from code.co_names
+    """Names the code loads as globals (co_names also holds attribute names)."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(
+            instruction.argval, str
+        ):
+            yield instruction.argval
     for const in code.co_consts:
         if inspect.iscode(const):
             yield from _global_names(const)

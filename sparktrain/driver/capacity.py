@@ -23,7 +23,7 @@ def total_slots(sc: Any) -> int:
         return int(jsc.maxNumConcurrentTasks(profile))
     except Exception:  # noqa: BLE001 - internal API; fall back to what the conf says
         pass
-    match = re.match(r"local\[(\d+|\*)", sc.master)
+    match = re.match(r"local(\[(\d+|\*)|$)", sc.master)
     conf = sc.getConf()
     task_cpus = int(conf.get("spark.task.cpus", "1"))
     if match:
@@ -78,8 +78,9 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
     gpus = conf.get("spark.task.resource.gpu.amount")
     per_task = f"spark.task.cpus={task_cpus}" + (f", spark.task.resource.gpu.amount={gpus}"
                                                   if gpus else "")
+    lower = f"Lower np to {total} or less, or add" if total > 0 else "Add"
     raise CapacityError(
         f"np={n} needs {n} task slots at once (barrier mode), but the cluster has {total} "
-        f"({per_task}, master {sc.master}). Lower np to {total} or less, or add executors "
-        "or cores (spark.executor.instances, spark.executor.cores)."
+        f"({per_task}, master {sc.master}). {lower} executors or cores "
+        "(spark.executor.instances, spark.executor.cores)."
     )

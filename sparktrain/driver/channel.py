@@ -84,7 +84,8 @@ class ChannelServer:
                 seq += 1
                 self.events.put((conn.id, message))
         except wire.FrameError:
-            self.rejected += 1
+            with self._lock:
+                self.rejected += 1
         except (OSError, EOFError):
             pass
         finally:
@@ -120,6 +121,11 @@ class ChannelServer:
     def close(self) -> None:
         """Stop accepting and drop every connection."""
         self._closed = True
+        try:
+            # close() alone does not wake a thread blocked in accept(); shutdown() does.
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._sock.close()
         except OSError:

@@ -62,19 +62,21 @@ class SparkLaunch:
         return describe_spark_error(error)
 
 
-_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)): (.*)$")
+_PY_ERROR = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)): (.*)$")
+_JVM_PACKAGES = ("org.", "java.", "javax.", "scala.", "py4j.", "io.netty.")
 
 
 def describe_spark_error(error: BaseException) -> str:
     """The useful line of a Spark job failure: the Python error inside it, with a hint."""
     lines = str(error).splitlines()
-    python_errors = [m for m in map(_PY_ERROR.match, lines) if m and "." not in m.group(1)]
+    python_errors = [m for m in map(_PY_ERROR.match, lines)
+                     if m and not m.group(1).startswith(_JVM_PACKAGES)]
     spark_reason = next((line.split("SparkException: ", 1)[1] for line in lines
                          if "SparkException: " in line), None)
     if python_errors:
         found = python_errors[-1]
-        text = f"a task failed with {found.group(1)}: {found.group(3).strip()}"
-        if found.group(1) == "ModuleNotFoundError" and "sparktrain" in found.group(3):
+        text = f"a task failed with {found.group(1)}: {found.group(2).strip()}"
+        if found.group(1) == "ModuleNotFoundError" and "'sparktrain" in found.group(2):
             text += (" (sparktrain must be installed in the executors' Python: set "
                      "PYSPARK_PYTHON / spark.pyspark.python to an interpreter that has it)")
         return text

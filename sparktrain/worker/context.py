@@ -131,7 +131,7 @@ def _send(message: dict[str, Any]) -> bool:
     try:
         client.send(message)
         return True
-    except (OSError, wire.FrameError):
+    except (OSError, ValueError, TypeError, wire.FrameError):
         return False
 
 
@@ -147,6 +147,14 @@ def log_to_driver(message: object) -> None:
     text = str(message)
     if not _send({"type": "user_log", "rank": rank(), "message": text[: wire.MAX_FRAME // 2]}):
         print(text, flush=True)
+
+
+def _as_int(value: object) -> int | None:
+    """``step`` / ``epoch`` as a plain int (numpy and torch scalars included), else None."""
+    try:
+        return None if value is None else int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
 
 
 def report(*, step: int | None = None, epoch: int | None = None, **metrics: float) -> None:
@@ -170,7 +178,8 @@ def report(*, step: int | None = None, epoch: int | None = None, **metrics: floa
             continue
         if math.isfinite(number):
             clean[name] = number
-    message = {"type": "report", "rank": rank(), "step": step, "epoch": epoch, "metrics": clean}
+    message = {"type": "report", "rank": rank(), "step": _as_int(step), "epoch": _as_int(epoch),
+               "metrics": clean}
     if not _send(message) and rank() == 0:
         print("sparktrain.report " + json.dumps({k: v for k, v in message.items()
                                                   if k not in ("type",)}), flush=True)

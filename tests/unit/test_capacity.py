@@ -1,0 +1,257 @@
+"""check_capacity against a fake SparkContext: refuse early, with what was found."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sparktrain.driver import capacity
+from sparktrain.driver.capacity import busy_slots, check_capacity, total_slots
+from sparktrain.errors import CapacityError
+
+
+class FakeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+@dataclasses.dataclass
+class StageInfo:
+    numActiveTasks: int  # noqa: N815 - Spark's name
+
+
+class FakeTracker:
+    def __init__(self, busy: list[int]) -> None:
+        self.busy = busy
+
+    def getActiveStageIds(self) -> list[int]:  # noqa: N802
+        return list(range(len(self.busy))) + [99]  # 99: a stage that ended meanwhile
+
+    def getStageInfo(self, stage_id: int) -> StageInfo | None:  # noqa: N802
+        return StageInfo(self.busy[stage_id]) if stage_id < len(self.busy) else None
+
+
+class FakeProfileManager:
+    def defaultResourceProfile(self) -> str:  # noqa: N802
+        return "default-profile"
+
+
+class FakeScalaContext:
+    """``sc._jsc.sc()``: the JVM SparkContext through Py4J."""
+
+    def __init__(self, slots: Callable[[], int], profiles: bool = True) -> None:
+        self._slots = slots
+        self.calls = 0
+        self._profiles = profiles
+        self.executors = 1
+
+    def resourceProfileManager(self) -> FakeProfileManager:  # noqa: N802
+        if not self._profiles:
+            raise AttributeError("no resource profiles on this Spark")
+        return FakeProfileManager()
+
+    def maxNumConcurrentTasks(self, profile: str) -> int:  # noqa: N802
+        assert profile == "default-profile"
+        self.calls += 1
+        return self._slots()
+
+    def getExecutorMemoryStatus(self) -> Any:  # noqa: N802
+        class Status:
+            def __init__(self, n: int) -> None:
+                self.n = n
+
+            def size(self) -> int:
+                return self.n
+
+        return Status(self.executors)
+
+
+class FakeJsc:
+    def __init__(self, scala: FakeScalaContext) -> None:
+        self._scala = scala
+
+    def sc(self) -> FakeScalaContext:
+        return self._scala
+
+
+class FakeSc:
+    def __init__(
+        self,
+        slots: int | Callable[[], int] = 4,
+        busy: list[int] | None = None,
+        conf: dict[str, str] | None = None,
+        age: float = 3600.0,
+        master: str = "spark://master:7077",
+        profiles: bool = True,
+        default_parallelism: int = 2,
+    ) -> None:
+        slot_fn = slots if callable(slots) else (lambda: slots)
+        self._jsc = FakeJsc(FakeScalaContext(slot_fn, profiles))
+        self._tracker = FakeTracker(busy or [])
+        self._conf = FakeConf(conf or {})
+        self.startTime = int((time.time() - age) * 1000)  # ms since the epoch, like Spark
+        self.master = master
+        self.defaultParallelism = default_parallelism
+
+    def getConf(self) -> FakeConf:  # noqa: N802
+        return self._conf
+
+    def statusTracker(self) -> FakeTracker:  # noqa: N802
+        return self._tracker
+
+    @property
+    def slot_calls(self) -> int:
+        return self._jsc.sc().calls
+
+
+@pytest.fixture(autouse=True)
+def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(capacity, "POLL_INTERVAL", 0.01)
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", " true "])
+def test_dynamic_allocation_is_refused(value: str) -> None:
+    sc = FakeSc(slots=100, conf={"spark.dynamicAllocation.enabled": value})
+    with pytest.raises(CapacityError, match="spark.dynamicAllocation.enabled=false") as info:
+        check_capacity(sc, 2, wait=30)
+    assert "spark.executor.instances" in str(info.value)
+    assert sc.slot_calls == 0  # refused before looking at slots
+
+
+def test_dynamic_allocation_off_is_fine() -> None:
+    check_capacity(FakeSc(slots=4, conf={"spark.dynamicAllocation.enabled": "false"}), 4, 30)
+
+
+@pytest.mark.parametrize("n, slots", [(1, 1), (2, 4), (4, 4)])
+def test_enough_slots_returns(n: int, slots: int) -> None:
+    sc = FakeSc(slots=slots)
+    start = time.monotonic()
+    check_capacity(sc, n, wait=30)
+    assert time.monotonic() - start < 0.5
+    assert sc.slot_calls == 1
+
+
+def test_too_few_slots_on_an_old_session_fails_at_once() -> None:
+    sc = FakeSc(
+        slots=2,
+        conf={"spark.task.cpus": "2", "spark.task.resource.gpu.amount": "1"},
+        master="spark://m:7077",
+    )
+    start = time.monotonic()
+    with pytest.raises(CapacityError) as info:
+        check_capacity(sc, 3, wait=30)
+    assert time.monotonic() - start < 1.0
+    message = str(info.value)
+    assert "np=3 needs 3 task slots at once" in message
+    assert "the cluster has 2" in message
+    assert "spark.task.cpus=2" in message and "spark.task.resource.gpu.amount=1" in message
+    assert "master spark://m:7077" in message
+    assert "Lower np to 2 or less" in message
+    assert "spark.executor.instances" in message and "spark.executor.cores" in message
+
+
+def test_too_few_slots_message_without_gpus() -> None:
+    with pytest.raises(CapacityError) as info:
+        check_capacity(FakeSc(slots=0), 1, wait=30)
+    assert "(spark.task.cpus=1, master" in str(info.value)
+    assert "gpu" not in str(info.value)
+
+
+def test_busy_slots_fail_at_once() -> None:
+    sc = FakeSc(slots=4, busy=[2, 1], age=0.0)  # even a young session: slots exist, but busy
+    start = time.monotonic()
+    with pytest.raises(CapacityError) as info:
+        check_capacity(sc, 2, wait=30)
+    assert time.monotonic() - start < 1.0
+    message = str(info.value)
+    assert "np=2 needs 2 free task slots" in message
+    assert "3 of the cluster's 4 slots are busy with other jobs" in message
+
+
+def test_busy_but_enough_free_slots_returns() -> None:
+    check_capacity(FakeSc(slots=8, busy=[3]), 4, wait=30)
+
+
+def test_young_session_waits_for_executors_to_register() -> None:
+    answers = iter([0, 0, 1, 3])
+    sc = FakeSc(slots=lambda: next(answers, 3), age=0.0)
+    start = time.monotonic()
+    check_capacity(sc, 3, wait=30)
+    assert time.monotonic() - start < 1.0
+    assert sc.slot_calls == 4
+
+
+def test_young_session_gives_up_at_its_deadline() -> None:
+    sc = FakeSc(slots=1, age=0.0)
+    start = time.monotonic()
+    with pytest.raises(CapacityError, match="the cluster has 1"):
+        check_capacity(sc, 2, wait=0.3)
+    elapsed = time.monotonic() - start
+    assert 0.2 < elapsed < 1.5
+    assert sc.slot_calls > 2  # it polled
+
+
+def test_since_moves_the_start_of_the_wait() -> None:
+    answers = iter([1, 1, 2])
+    sc = FakeSc(slots=lambda: next(answers, 2), age=3600.0)
+    check_capacity(sc, 2, wait=30, since=time.time())  # e.g. a restart after executors died
+    assert sc.slot_calls == 3
+    with pytest.raises(CapacityError):
+        check_capacity(FakeSc(slots=1, age=0.0), 2, wait=30, since=time.time() - 60)
+
+
+def test_busy_slots_sums_active_stages_and_skips_vanished_ones() -> None:
+    assert busy_slots(FakeSc(busy=[2, 0, 5])) == 7
+    assert busy_slots(FakeSc()) == 0
+
+
+# --- total_slots fallback without resource profiles --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "master, parallelism, cpus, expected",
+    [("local[4]", 4, "1", 4), ("local[*]", 8, "2", 4), ("local[4, 3]", 4, "1", 4)],
+)
+def test_total_slots_fallback_local(
+    master: str, parallelism: int, cpus: str, expected: int
+) -> None:
+    sc = FakeSc(
+        profiles=False,
+        master=master,
+        default_parallelism=parallelism,
+        conf={"spark.task.cpus": cpus},
+    )
+    assert total_slots(sc) == expected
+
+
+def test_total_slots_fallback_cluster() -> None:
+    sc = FakeSc(
+        profiles=False,
+        master="spark://m:7077",
+        conf={"spark.executor.cores": "4", "spark.task.cpus": "2"},
+    )
+    sc._jsc.sc().executors = 3 + 1  # the driver's block manager counts too
+    assert total_slots(sc) == 6
+
+
+def test_total_slots_prefers_the_resource_profile() -> None:
+    sc = FakeSc(slots=5, master="local[2]", default_parallelism=2)
+    assert total_slots(sc) == 5
+
+
+def test_total_slots_fallback_plain_local_master() -> None:
+    sc = FakeSc(profiles=False, master="local", default_parallelism=1)
+    assert total_slots(sc) == 1
+
+
+def test_no_slots_message_does_not_suggest_np_zero() -> None:
+    with pytest.raises(CapacityError) as info:
+        check_capacity(FakeSc(slots=0), 2, wait=30)
+    assert "Lower np to 0" not in str(info.value)

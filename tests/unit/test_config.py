@@ -1,0 +1,511 @@
+"""RunConfig: validation, the precedence of its sources, text parsing, JSON round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import pytest
+
+from sparktrain import SparkRunner
+from sparktrain.config import (
+    RESERVED_ENV,
+    RunConfig,
+    conf_key,
+    env_key,
+    parse_bool,
+    parse_conf_text,
+    parse_duration,
+    parse_size,
+)
+from sparktrain.errors import ConfigurationError, SparkTrainError
+
+
+@pytest.fixture(autouse=True)
+def _no_sparktrain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings in the developer's environment must not leak into these tests."""
+    for name in list(os.environ):
+        if name.startswith("SPARKTRAIN_"):
+            monkeypatch.delenv(name)
+
+
+# --- np ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("np", [0, 1.5, True, False, "2", None, 2.0])
+def test_bad_np_is_refused_with_the_fix(np: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=np)
+    message = str(info.value)
+    assert "non-zero integer" in message
+    assert "np=N" in message and "np=-N" in message  # says what positive/negative mean
+    assert repr(np) in message
+
+
+@pytest.mark.parametrize(
+    "np, local, world", [(1, False, 1), (4, False, 4), (-1, True, 1), (-3, True, 3)]
+)
+def test_np_sign_picks_where_ranks_run(np: int, local: bool, world: int) -> None:
+    config = RunConfig(np=np)
+    assert config.local is local
+    assert config.world_size == world
+
+
+def test_configuration_error_is_a_value_error_in_the_tree() -> None:
+    assert issubclass(ConfigurationError, SparkTrainError)
+    assert issubclass(ConfigurationError, ValueError)
+
+
+def test_spark_runner_refuses_np_zero_at_construction() -> None:
+    with pytest.raises(ConfigurationError, match="non-zero integer"):
+        SparkRunner(np=0)
+
+
+def test_spark_runner_refuses_bad_settings_at_construction() -> None:
+    with pytest.raises(ConfigurationError, match="start_timeout"):
+        SparkRunner(np=-1, start_timeout=-5)
+    with pytest.raises(ConfigurationError, match="unknown setting 'grace'"):
+        SparkRunner(np=-1, grace=3)
+    runner = SparkRunner(np=-2, grace_period=1.5)
+    assert runner.config.grace_period == 1.5 and runner.config.world_size == 2
+
+
+# --- other fields ------------------------------------------------------------------------------
+
+
+def test_unknown_backend_lists_the_choices_and_the_conf_key() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=1, backend="mpi4py")
+    message = str(info.value)
+    assert "'mpi4py'" in message
+    assert "torch" in message and "horovod" in message
+    assert "spark.sparktrain.backend" in message
+
+
+@pytest.mark.parametrize("verbosity", ["ALL", "none", "", "log_callback"])
+def test_bad_verbosity(verbosity: str) -> None:
+    with pytest.raises(ConfigurationError, match="driver_log_verbosity must be one of") as info:
+        RunConfig(np=1, driver_log_verbosity=verbosity)
+    assert "all" in str(info.value) and "log_callback_only" in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["start_timeout", "capacity_wait", "grace_period", "timeout"])
+@pytest.mark.parametrize("value", [0, -1, -0.5, True, "30", "30s"])
+def test_non_positive_or_non_numeric_durations(field: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=1, **{field: value})
+    message = str(info.value)
+    assert f"{field} must be a positive number of seconds" in message
+    assert f"argument {field}=" in message and conf_key(field) in message
+
+
+def test_timeout_none_means_no_limit_but_other_durations_need_a_value() -> None:
+    assert RunConfig(np=1, timeout=None).timeout is None
+    with pytest.raises(ConfigurationError, match="start_timeout"):
+        RunConfig(np=1, start_timeout=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_durations_are_refused(value: float) -> None:
+    with pytest.raises(ConfigurationError):
+        RunConfig(np=1, timeout=value)
+    with pytest.raises(ConfigurationError):
+        RunConfig(np=1, start_timeout=value)
+
+
+@pytest.mark.parametrize("field", ["max_payload_bytes", "max_result_bytes"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "256m"])
+def test_bad_sizes(field: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError, match=f"{field} must be a positive int"):
+        RunConfig(np=1, **{field: value})
+
+
+@pytest.mark.parametrize("value", [-1, 1.0, True, "2"])
+def test_bad_max_restarts(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="max_restarts must be an integer >= 0"):
+        RunConfig(np=1, max_restarts=value)
+
+
+@pytest.mark.parametrize("value", ["true", "auto", 2])
+def test_bad_use_gpu(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="use_gpu must be True, False or None"):
+        RunConfig(np=1, use_gpu=value)
+
+
+def test_restart_on_user_error_must_be_a_bool() -> None:
+    with pytest.raises(ConfigurationError):
+        RunConfig(np=1, restart_on_user_error="false")  # type: ignore[arg-type]
+
+
+def test_launcher_must_be_a_string_or_none() -> None:
+    with pytest.raises(ConfigurationError):
+        RunConfig(np=1, launcher=5)  # type: ignore[arg-type]
+
+
+# --- env ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_ENV))
+def test_reserved_env_keys_are_refused(key: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"env may not set {key}: sparktrain sets it"):
+        RunConfig(np=1, env={key: "3"})
+
+
+def test_reserved_env_covers_the_torch_rendezvous_variables() -> None:
+    assert {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    } <= RESERVED_ENV
+
+
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"A": 1}, "'A': 1 is not (convert with str())"),
+        ({"A": None}, "'A': None is not"),
+        ({"A": b"x"}, "'A': b'x' is not"),
+        ({1: "x"}, "1: 'x' is not"),
+    ],
+)
+def test_env_values_must_be_strings(env: dict[Any, Any], fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match="env must map str to str") as info:
+        RunConfig(np=1, env=env)
+    assert fragment in str(info.value)
+
+
+def test_env_must_be_a_mapping() -> None:
+    with pytest.raises(ConfigurationError, match="env must be a dict of str to str"):
+        RunConfig(np=1, env=[("A", "1")])  # type: ignore[arg-type]
+
+
+def test_env_is_copied_and_read_only() -> None:
+    given = {"A": "1"}
+    config = RunConfig(np=1, env=given)
+    given["B"] = "2"
+    assert dict(config.env) == {"A": "1"}
+    with pytest.raises(TypeError):
+        config.env["C"] = "3"  # type: ignore[index]
+
+
+def test_config_is_frozen() -> None:
+    config = RunConfig(np=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.np = 2  # type: ignore[misc]
+
+
+# --- precedence: defaults < Spark conf < env < kwargs -----------------------------------------
+
+
+def test_builtin_defaults_apply_with_no_other_source() -> None:
+    config = RunConfig.resolve(2, spark_conf={}, environ={})
+    assert config.backend == "torch"
+    assert config.driver_log_verbosity == "all"
+    assert config.start_timeout == 120.0
+    assert config.capacity_wait == 30.0
+    assert config.grace_period == 10.0
+    assert config.max_payload_bytes == 256 << 20
+    assert config.max_result_bytes == 256 << 20
+    assert config.max_restarts == 0
+    assert config.timeout is None and config.use_gpu is None and config.launcher is None
+
+
+# (spark conf, environ, overrides) -> expected start_timeout
+PRECEDENCE = {
+    "defaults only": ({}, {}, {}, 120.0),
+    "spark conf over defaults": ({"spark.sparktrain.startTimeout": "5s"}, {}, {}, 5.0),
+    "env over spark conf": (
+        {"spark.sparktrain.startTimeout": "5s"},
+        {"SPARKTRAIN_START_TIMEOUT": "7"},
+        {},
+        7.0,
+    ),
+    "kwargs over env": (
+        {"spark.sparktrain.startTimeout": "5s"},
+        {"SPARKTRAIN_START_TIMEOUT": "7"},
+        {"start_timeout": 9},
+        9.0,
+    ),
+    "kwargs over spark conf": (
+        {"spark.sparktrain.startTimeout": "5s"},
+        {},
+        {"start_timeout": 9},
+        9.0,
+    ),
+    "None kwarg keeps the lower layer": (
+        {},
+        {"SPARKTRAIN_START_TIMEOUT": "2m"},
+        {"start_timeout": None},
+        120.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PRECEDENCE))
+def test_precedence(name: str) -> None:
+    spark_conf, environ, overrides, expected = PRECEDENCE[name]
+    config = RunConfig.resolve(1, overrides, spark_conf=spark_conf, environ=environ)
+    assert config.start_timeout == expected
+
+
+def test_precedence_is_per_field() -> None:
+    config = RunConfig.resolve(
+        -2,
+        {"grace_period": 3, "backend": None},
+        spark_conf={
+            "spark.sparktrain.backend": "horovod",
+            "spark.sparktrain.gracePeriod": "1m",
+            "spark.sparktrain.maxResultBytes": "1k",
+            "spark.sparktrain.useGpu": "false",
+            "spark.other.key": "ignored",
+        },
+        environ={
+            "SPARKTRAIN_MAX_RESULT_BYTES": "2k",
+            "SPARKTRAIN_TIMEOUT": "1h",
+            "SPARKTRAIN_LAUNCHER": "mpi",
+        },
+    )
+    assert config.backend == "horovod"  # spark conf; the None kwarg does not override it
+    assert config.grace_period == 3.0  # kwarg over spark conf
+    assert config.max_result_bytes == 2048  # env over spark conf
+    assert config.timeout == 3600.0  # env alone
+    assert config.use_gpu is False
+    assert config.launcher == "mpi"
+    assert config.np == -2
+
+
+def test_resolve_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKTRAIN_GRACE_PERIOD", "250ms")
+    assert RunConfig.resolve(1).grace_period == 0.25
+    # An explicit environ replaces os.environ entirely.
+    assert RunConfig.resolve(1, environ={}).grace_period == 10.0
+
+
+def test_resolve_refuses_unknown_settings_and_np_override() -> None:
+    with pytest.raises(ConfigurationError, match="unknown setting 'start_timout'"):
+        RunConfig.resolve(1, {"start_timout": 3}, environ={})
+    with pytest.raises(ConfigurationError, match="unknown setting 'np'"):
+        RunConfig.resolve(1, {"np": 3}, environ={})
+
+
+@pytest.mark.parametrize(
+    "source, where",
+    [
+        ("spark", "spark.sparktrain.startTimeout in Spark conf"),
+        ("env", "SPARKTRAIN_START_TIMEOUT"),
+    ],
+)
+def test_parse_errors_name_the_key_and_where_it_came_from(source: str, where: str) -> None:
+    spark_conf = {"spark.sparktrain.startTimeout": "soon"} if source == "spark" else {}
+    environ = {"SPARKTRAIN_START_TIMEOUT": "soon"} if source == "env" else {}
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig.resolve(1, spark_conf=spark_conf, environ=environ)
+    message = str(info.value)
+    assert message.startswith(where + ":")
+    assert "'soon'" in message and "30s, 5m, 1h" in message
+
+
+@pytest.mark.parametrize(
+    "env_name, text, fragment",
+    [
+        ("SPARKTRAIN_MAX_PAYLOAD_BYTES", "lots", "not a size: 'lots'"),
+        ("SPARKTRAIN_USE_GPU", "maybe", "not a boolean: 'maybe'"),
+        ("SPARKTRAIN_RESTART_ON_USER_ERROR", "sometimes", "not a boolean: 'sometimes'"),
+        ("SPARKTRAIN_MAX_RESTARTS", "1.5", "SPARKTRAIN_MAX_RESTARTS:"),
+        ("SPARKTRAIN_TIMEOUT", "-3", "not a duration: '-3'"),
+    ],
+)
+def test_env_parse_errors_name_the_variable(env_name: str, text: str, fragment: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig.resolve(1, environ={env_name: text})
+    assert str(info.value).startswith(f"{env_name}: ")
+    assert fragment in str(info.value)
+
+
+def test_parsed_value_is_still_validated() -> None:
+    with pytest.raises(ConfigurationError, match="start_timeout must be a positive number"):
+        RunConfig.resolve(1, environ={"SPARKTRAIN_START_TIMEOUT": "0s"})
+    with pytest.raises(ConfigurationError, match="unknown backend 'tf'"):
+        RunConfig.resolve(1, spark_conf={"spark.sparktrain.backend": " tf "}, environ={})
+
+
+@pytest.mark.parametrize(
+    "field, key, env",
+    [
+        ("start_timeout", "spark.sparktrain.startTimeout", "SPARKTRAIN_START_TIMEOUT"),
+        (
+            "driver_log_verbosity",
+            "spark.sparktrain.driverLogVerbosity",
+            "SPARKTRAIN_DRIVER_LOG_VERBOSITY",
+        ),
+        ("max_payload_bytes", "spark.sparktrain.maxPayloadBytes", "SPARKTRAIN_MAX_PAYLOAD_BYTES"),
+        (
+            "restart_on_user_error",
+            "spark.sparktrain.restartOnUserError",
+            "SPARKTRAIN_RESTART_ON_USER_ERROR",
+        ),
+    ],
+)
+def test_key_names(field: str, key: str, env: str) -> None:
+    assert conf_key(field) == key
+    assert env_key(field) == env
+
+
+@pytest.mark.parametrize(
+    "field, text, expected",
+    [
+        ("timeout", "none", None),
+        ("timeout", "auto", None),
+        ("timeout", "", None),
+        ("timeout", "90", 90.0),
+        ("use_gpu", "auto", None),
+        ("use_gpu", "yes", True),
+        ("use_gpu", "off", False),
+        ("launcher", " ", None),
+        ("launcher", "mpi", "mpi"),
+    ],
+)
+def test_optional_fields_accept_none_words(field: str, text: str, expected: Any) -> None:
+    config = RunConfig.resolve(1, environ={env_key(field): text})
+    assert getattr(config, field) == expected
+
+
+# --- text parsers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("120", 120.0),
+        ("120s", 120.0),
+        (" 1.5 s ", 1.5),
+        (".5", 0.5),
+        ("500ms", 0.5),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("2H", 7200.0),
+        ("10MS", 0.01),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "s", "-1", "1d", "1e3", "5 minutes", "1.2.3", "ten"])
+def test_parse_duration_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration") as info:
+        parse_duration(text)
+    assert "30s, 5m, 1h" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("0", 0),
+        ("1048576", 1 << 20),
+        ("64k", 64 << 10),
+        ("64kb", 64 << 10),
+        ("256m", 256 << 20),
+        ("256MB", 256 << 20),
+        ("1g", 1 << 30),
+        ("2t", 2 << 40),
+        (" 7 ", 7),
+        ("12b", 12),
+    ],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "1.5m", "-1", "1p", "m", "64 kilobytes"])
+def test_parse_size_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size") as info:
+        parse_size(text)
+    assert "64k, 256m, 1g" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        (" on ", True),
+        ("false", False),
+        ("0", False),
+        ("No", False),
+        ("off", False),
+    ],
+)
+def test_parse_bool(text: str, value: bool) -> None:
+    assert parse_bool(text) is value
+
+
+@pytest.mark.parametrize("text", ["", "y", "2", "enabled"])
+def test_parse_bool_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="not a boolean"):
+        parse_bool(text)
+
+
+def test_parse_conf_text() -> None:
+    text = """
+        # comment
+        spark.sparktrain.startTimeout    30s
+
+        spark.sparktrain.backend horovod
+        spark.sparktrain.launcher
+    """
+    assert parse_conf_text(text) == {
+        "spark.sparktrain.startTimeout": "30s",
+        "spark.sparktrain.backend": "horovod",
+        "spark.sparktrain.launcher": "",
+    }
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        RunConfig(np=1),
+        RunConfig(
+            np=-3,
+            backend="horovod",
+            driver_log_verbosity="log_callback_only",
+            start_timeout=5.5,
+            timeout=60,
+            capacity_wait=1,
+            grace_period=0.25,
+            env={"A": "1", "PATHS": "a:b"},
+            use_gpu=False,
+            max_payload_bytes=1024,
+            max_result_bytes=2048,
+            max_restarts=2,
+            restart_on_user_error=True,
+            launcher="mpi",
+        ),
+    ],
+    ids=["defaults", "every field set"],
+)
+def test_json_round_trip(config: RunConfig) -> None:
+    data = json.loads(json.dumps(config.to_json()))  # really JSON-safe
+    again = RunConfig.from_json(data)
+    assert again == config
+    assert dict(again.env) == dict(config.env)
+    assert set(data) == {f.name for f in dataclasses.fields(RunConfig)}
+
+
+def test_from_json_validates() -> None:
+    data = RunConfig(np=2).to_json()
+    data["env"] = {"RANK": "1"}
+    with pytest.raises(ConfigurationError, match="env may not set RANK"):
+        RunConfig.from_json(data)
