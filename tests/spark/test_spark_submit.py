@@ -1,0 +1,113 @@
+"""Spark applications that use sparktrain: through spark-submit, and through `sparktrain run`.
+
+Both run in subprocesses with their own SparkContext, so they need no session fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+FIXTURES = ROOT / "tests" / "fixtures"
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(
+        shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+        reason="Java 17+ is needed for Spark tests (openjdk-17-jre-headless)",
+    ),
+]
+
+
+def output(done: subprocess.CompletedProcess[str]) -> str:
+    return (
+        f"exit code {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}\n"
+        f"--- stderr ---\n{done.stderr[-6000:]}"
+    )
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    env["PYSPARK_PYTHON"] = sys.executable  # executors need this venv
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SPARK_SUBMIT.exists(), reason=f"{SPARK_SUBMIT} not found")
+def test_spark_submit_application_trains_with_spark_runner(tmp_path):
+    log4j = f"-Dlog4j2.configurationFile=file:{CONF}/log4j2.properties"
+    done = subprocess.run(
+        [
+            str(SPARK_SUBMIT),
+            "--master",
+            "local-cluster[2,1,1024]",
+            "--conf",
+            "spark.ui.enabled=false",
+            # Executor JVMs can take over the default 30 s to register on a loaded machine.
+            "--conf",
+            "spark.sparktrain.capacityWait=120s",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+            "--conf",
+            f"spark.driver.extraJavaOptions={log4j}",
+            "--conf",
+            f"spark.executor.extraJavaOptions={log4j}",
+            str(FIXTURES / "submit_job.py"),
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, output(done)
+    match = re.search(
+        r"^SUBMIT_RESULT world=(\d+) first=(\S+) last=(\S+) master=(\S+)$",
+        done.stdout,
+        re.MULTILINE,
+    )
+    assert match, output(done)
+    world, first, last, master = match.groups()
+    assert world == "2" and master == "local-cluster[2,1,1024]"
+    assert float(last) < 0.01 * float(first)  # both ranks trained one model: it converged
+
+
+def test_sparktrain_run_command_on_local_spark(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparktrain",
+            "run",
+            "--np",
+            "2",
+            "--master",
+            "local[2]",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(FIXTURES / "cli_script.py"),
+            "--",
+            "--flag",
+            "y",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, output(done)
+    for rank in (0, 1):
+        assert (
+            f"[rank {rank}] cli_script rank {rank}/2 sum=3 argv=['--flag', 'y'] name=__main__"
+        ) in done.stdout

@@ -1,0 +1,124 @@
+"""Progress: the driver's progress bar and report history, fed with report messages."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from sparktrain.driver.progress import Progress
+
+
+def report(rank=0, step=None, epoch=None, **metrics):
+    return {"type": "report", "rank": rank, "step": step, "epoch": epoch, "metrics": metrics}
+
+
+def test_bar_appears_on_first_report_with_rank0_metrics_as_postfix():
+    out = io.StringIO()
+    progress = Progress(total=3, unit="epoch", file=out)
+    assert out.getvalue() == ""  # nothing until a report arrives
+    progress.on_report(report(epoch=0, step=9, loss=0.75))
+    progress.on_report(report(rank=1, epoch=0, step=9, loss=9.0))  # not rank 0: not shown
+    progress.on_report(report(epoch=1, step=19, loss=0.5, acc=0.9))
+    progress.close()
+    text = out.getvalue()
+    last = text.strip().split("\r")[-1]
+    assert "sparktrain" in last and "2/3" in last
+    assert "epoch=1" in last and "step=19" in last and "loss=0.5" in last and "acc=0.9" in last
+    assert "9.0" not in text
+
+
+def test_rows_keep_rank0_by_default_and_every_rank_when_asked():
+    only0 = Progress(display=False)
+    every = Progress(display=False, all_ranks=True)
+    for message in (
+        report(step=0, loss=1.0),
+        report(rank=1, step=0, loss=2.0),
+        report(step=1, loss=0.5, time=3.0),
+    ):
+        only0.on_report(message)
+        every.on_report(message)
+    assert [(r["rank"], r["step"], r["loss"]) for r in only0.rows] == [(0, 0, 1.0), (0, 1, 0.5)]
+    assert [r["rank"] for r in every.rows] == [0, 1, 0]
+    row = only0.rows[-1]
+    assert row["time_"] == 3.0 and isinstance(row["time"], float)  # a metric named "time"
+    assert list(row)[:3] == ["rank", "step", "epoch"]
+
+
+def test_frame():
+    pd = pytest.importorskip("pandas")
+    progress = Progress(display=False)
+    assert list(progress.frame().columns) == ["rank", "step", "epoch", "time"]
+    progress.on_report(report(step=0, epoch=0, loss=1.0))
+    progress.on_report(report(step=1, epoch=0, loss=0.5))
+    frame = progress.frame()
+    assert isinstance(frame, pd.DataFrame)
+    assert frame["loss"].tolist() == [1.0, 0.5] and frame["step"].tolist() == [0, 1]
+
+
+def test_no_report_shows_nothing_and_close_is_idempotent(capsys):
+    out = io.StringIO()
+    progress = Progress(file=out)
+    progress.close()
+    progress.close()
+    assert out.getvalue() == "" and progress.rows == []
+    assert capsys.readouterr() == ("", "")
+
+
+def test_total_can_be_set_later_and_unit_changed():
+    out = io.StringIO()
+    progress = Progress(file=out)  # counts reports, no total
+    progress.on_report(report(step=4, loss=1.0))
+    progress.set_total(10, unit="step")
+    progress.on_report(report(step=6, loss=0.9))
+    progress.close()
+    assert "7/10" in out.getvalue().split("\r")[-1]
+    with pytest.raises(ValueError, match="unit"):
+        progress.set_total(3, unit="batch")
+
+
+def test_without_tqdm_prints_plain_lines(monkeypatch):
+    for name in ("tqdm", "tqdm.auto", "tqdm.std"):
+        monkeypatch.setitem(sys.modules, name, None)  # import tqdm → ImportError
+    out = io.StringIO()
+    progress = Progress(total=2, unit="epoch", file=out, plain_interval=3600)
+    progress.on_report(report(epoch=0, loss=0.25))
+    progress.on_report(report(epoch=1, loss=0.125))  # within the interval: held back
+    assert out.getvalue() == "sparktrain: 1/2 epochs epoch=0 loss=0.25\n"
+    progress.close()  # the last state always shows
+    progress.close()
+    assert out.getvalue().splitlines()[-1] == "sparktrain: 2/2 epochs epoch=1 loss=0.125"
+
+
+def test_not_a_terminal_falls_back_to_plain_lines(monkeypatch):
+    err = io.StringIO()  # not a tty, not a notebook
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = Progress(plain_interval=0)
+    progress.on_report(report(step=0, loss=1.5))
+    progress.close()
+    assert err.getvalue() == "sparktrain: step=0 loss=1.5\n"
+
+
+def test_display_error_becomes_one_warning_and_rows_are_kept():
+    class Broken(io.StringIO):
+        def write(self, text):
+            raise RuntimeError("display gone")
+
+    progress = Progress(file=Broken())
+    with pytest.warns(RuntimeWarning, match="progress display failed"):
+        progress.on_report(report(step=0, loss=1.0))
+    progress.on_report(report(step=1, loss=0.5))  # no second warning (pytest would fail on it)
+    progress.close()
+    assert [r["step"] for r in progress.rows] == [0, 1]
+
+
+def test_wrapped_stream_writes_whole_lines_around_the_bar():
+    bar_out, log_out = io.StringIO(), io.StringIO()
+    progress = Progress(file=bar_out)
+    stream = progress.wrap(log_out)
+    print("[rank 0] before the bar", file=stream, flush=True)
+    progress.on_report(report(step=0, loss=1.0))
+    print("[rank 1] while the bar shows", file=stream, flush=True)
+    progress.close()
+    assert log_out.getvalue() == "[rank 0] before the bar\n[rank 1] while the bar shows\n"
