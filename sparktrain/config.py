@@ -109,7 +109,7 @@ class RunConfig:
     driver_log_verbosity: str = "all"
     start_timeout: float = 120.0
     timeout: float | None = None
-    capacity_wait: float = 30.0
+    capacity_wait: float = 60.0
     grace_period: float = 10.0
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     use_gpu: bool | None = None

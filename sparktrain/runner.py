@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -13,6 +14,8 @@ from sparktrain.backends import get_backend
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import Launch, RunMonitor
+from sparktrain.driver.progress import Progress
+from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import (
     ConfigurationError,
     PayloadError,
@@ -42,6 +45,10 @@ class SparkRunner:
         env: extra environment variables for every rank.
         use_gpu: ``None`` uses GPUs where the ranks have them; ``False`` hides them.
         spark: the SparkSession for ``np > 0`` (default: the active one).
+        progress: show a progress bar on the driver once ranks call ``sparktrain.report``.
+        total_epochs: the number of epochs, so the progress bar can show how far along it is.
+        checkpoint_dir: where the function saves checkpoints; when MLflow is tracking a run
+            on the driver, the newest checkpoint is logged to it at the end.
         **settings: any other :class:`~sparktrain.config.RunConfig` field (``grace_period``,
             ``max_result_bytes``, ``max_restarts``, ``launcher``, …).
 
@@ -68,6 +75,9 @@ class SparkRunner:
         env: Mapping[str, str] | None = None,
         use_gpu: bool | None = None,
         spark: Any = None,
+        progress: bool = True,
+        total_epochs: int | None = None,
+        checkpoint_dir: str | None = None,
         **settings: Any,
     ) -> None:
         self._overrides: dict[str, Any] = {
@@ -85,6 +95,10 @@ class SparkRunner:
         self.config = RunConfig.resolve(np, self._overrides)
         self.history: list[dict[str, Any]] = []
         self.attempts: list[dict[str, Any]] = []
+        self.progress: Progress | None = None
+        self._show_progress = progress
+        self._total_epochs = total_epochs
+        self._checkpoint_dir = checkpoint_dir
         self._pre_rendezvous_hook: Callable[[int], None] | None = None
 
     def _session(self) -> Any:
@@ -147,9 +161,26 @@ class SparkRunner:
             hook = cloudpickle.dumps(self._pre_rendezvous_hook)
         self.history = []
         self.attempts = []
+        self.progress = Progress(total=self._total_epochs,
+                                 unit="epoch" if self._total_epochs else "report",
+                                 display=self._show_progress)
+        tracker = MlflowTracker.maybe_create()
+        succeeded = False
+        try:
+            result = self._run_attempts(session, config, payload, hook,
+                                        getattr(fn, "__name__", "function"), tracker)
+            succeeded = True
+            return result
+        finally:
+            self.progress.close()
+            if tracker is not None:
+                tracker.finish(self._checkpoint_dir if succeeded else None)
+
+    def _run_attempts(self, session: Any, config: RunConfig, payload: bytes,
+                      hook: bytes | None, name: str, tracker: MlflowTracker | None) -> Any:
+        """Launch, and launch again after restartable failures, up to ``max_restarts``."""
         job = TaskJob(run_id=uuid.uuid4().hex[:12], attempt=0, config=config.to_json(),
                       channel="", key=b"", payload=payload, hook=hook)
-        name = getattr(fn, "__name__", "function")
         since: float | None = None
         while True:
             if session is not None:
@@ -158,7 +189,7 @@ class SparkRunner:
                 check_capacity(session.sparkContext, config.world_size, config.capacity_wait,
                                since=since)
             try:
-                return _rank0_result(self._attempt(session, config, job, name))
+                return _rank0_result(self._attempt(session, config, job, name, tracker))
             except (WorkerFailedError, RendezvousTimeoutError) as exc:
                 cause = _first_line(exc)
                 self.attempts.append({"attempt": job.attempt, "error": exc, "cause": cause})
@@ -171,8 +202,15 @@ class SparkRunner:
                 # Executors lost with the failed attempt get time to come back.
                 since = time.time()
 
-    def _attempt(self, session: Any, config: RunConfig, job: TaskJob, name: str
-                 ) -> list[dict[str, Any]]:
+    def _on_report(self, message: dict[str, Any], tracker: MlflowTracker | None) -> None:
+        self.history.append(message)
+        if self.progress is not None:
+            self.progress.on_report(message)
+        if tracker is not None:
+            tracker.on_report(message)
+
+    def _attempt(self, session: Any, config: RunConfig, job: TaskJob, name: str,
+                 tracker: MlflowTracker | None) -> list[dict[str, Any]]:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
         bind, advertise = _channel_address(session)
@@ -182,7 +220,9 @@ class SparkRunner:
             if job.attempt:
                 description += f" (attempt {job.attempt + 1})"
             launch = _launch(session, job, description)
-            monitor = RunMonitor(config, server, on_report=self.history.append)
+            assert self.progress is not None
+            monitor = RunMonitor(config, server, out=self.progress.wrap(sys.stdout),
+                                 on_report=lambda message: self._on_report(message, tracker))
             return monitor.watch(launch)
 
 

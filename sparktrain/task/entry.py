@@ -177,9 +177,11 @@ class _Supervisor:
     ) -> RankProcess:
         config = self.config
         env = dict(os.environ)
-        env.update(config.env)
         env.update(rank_env(spec, rank, config))
         env.update(backend.env(spec, rank, shared, config))
+        # The user's variables win over tunable defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME);
+        # the per-rank ones they may not set are refused by RunConfig.
+        env.update(config.env)
         env.update(self.common_env(payload_path))
         env.update(
             {

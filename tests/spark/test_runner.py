@@ -207,3 +207,13 @@ def test_default_backend_on_cpu(mode):
 
     assert SparkRunner(np=ranks(mode, 1)).run(backend) == "gloo"
     assert sparktrain.default_backend() == "gloo"
+
+
+def test_user_env_reaches_ranks_and_wins_over_defaults(mode):
+    def read_env():
+        import os
+
+        return os.environ.get("MY_SETTING"), os.environ["OMP_NUM_THREADS"]
+
+    runner = SparkRunner(np=ranks(mode, 1), env={"MY_SETTING": "on", "OMP_NUM_THREADS": "3"})
+    assert runner.run(read_env) == ("on", "3")

@@ -209,7 +209,7 @@ def test_builtin_defaults_apply_with_no_other_source() -> None:
     assert config.backend == "torch"
     assert config.driver_log_verbosity == "all"
     assert config.start_timeout == 120.0
-    assert config.capacity_wait == 30.0
+    assert config.capacity_wait == 60.0
     assert config.grace_period == 10.0
     assert config.max_payload_bytes == 256 << 20
     assert config.max_result_bytes == 256 << 20
