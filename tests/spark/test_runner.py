@@ -217,3 +217,22 @@ def test_user_env_reaches_ranks_and_wins_over_defaults(mode):
 
     runner = SparkRunner(np=ranks(mode, 1), env={"MY_SETTING": "on", "OMP_NUM_THREADS": "3"})
     assert runner.run(read_env) == ("on", "3")
+
+
+def test_reports_show_progress_and_come_back_as_rows(mode, capsys):
+    def reports_epochs() -> str:
+        import sparktrain
+
+        for epoch in range(3):
+            sparktrain.report(epoch=epoch, loss=1.0 / (epoch + 1), accuracy=0.5 + epoch / 10)
+        return "done"
+
+    runner = SparkRunner(np=ranks(mode, 2), total_epochs=3)
+    assert runner.run(reports_epochs) == "done"
+    captured = capsys.readouterr()
+    assert "3/3 epochs" in captured.err + captured.out
+    frame = runner.progress.frame()
+    assert list(frame["epoch"]) == [0, 1, 2] and set(frame["rank"]) == {0}
+    assert list(frame["loss"]) == pytest.approx([1.0, 0.5, 1 / 3])
+    assert [m["metrics"]["accuracy"] for m in runner.history if m["rank"] == 0] == [
+        pytest.approx(0.5), pytest.approx(0.6), pytest.approx(0.7)]
