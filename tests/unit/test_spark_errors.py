@@ -176,3 +176,18 @@ def test_module_qualified_python_exception_is_extracted() -> None:
     )
     text = describe_spark_error(py4j_error(tb))
     assert "OutOfMemoryError: CUDA out of memory" in text
+
+
+def test_java_side_task_failure_is_named_with_a_hint() -> None:
+    text = (
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover "
+        "from a failed barrier ResultStage. Most recent failure reason: Stage failed because "
+        "barrier task ResultTask(0, 1) finished unsuccessfully.\n"
+        'java.io.IOException: Cannot run program ".venv/bin/python": error=2, No such file or '
+        "directory\n"
+        "\tat java.base/java.lang.ProcessBuilder.start(ProcessBuilder.java:1143)\n"
+    )
+    message = describe_spark_error(RuntimeError(text))
+    assert message.startswith("a task failed with java.io.IOException: Cannot run program")
+    assert "absolute path" in message
