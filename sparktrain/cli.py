@@ -26,20 +26,15 @@ failed (the error, root cause first, goes to stderr), 2 a usage or configuration
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
+import contextlib
 import os
 import sys
-import sysconfig
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from sparktrain.cli_target import UsageError, resolve_target
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class UsageError(Exception):
-    """A command line that cannot run; the message says what to change (exit code 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,153 +132,6 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return options, rest
 
 
-# -- the rank function for scripts (runs inside each rank) --------------------------------
-
-
-def run_script(path: str, source: str, argv: list[str]) -> None:
-    """Run a script's source as ``__main__`` (``runpy.run_path``) with ``argv`` after its name.
-
-    Where ``path`` holds the same source (np < 0, or a shared file system), it runs from
-    there, with ``sys.argv = [path, *argv]``. Elsewhere it runs from a private copy with the
-    same file name, so executors need not see the driver's files; ``sys.argv[0]`` and
-    ``__file__`` then name that copy (``runpy`` sets them to the file it runs).
-    """
-    import linecache
-    import runpy
-    import shutil
-    import tempfile
-
-    target, tmp = path, None
-    if not _has_source(path, source):
-        tmp = tempfile.mkdtemp(prefix="sparktrain-script-")
-        target = os.path.join(tmp, os.path.basename(path) or "script.py")
-        with open(target, "w", encoding="utf-8") as fh:
-            fh.write(source)
-        # The copy is gone by the time the traceback is rendered; keep its lines for it
-        # (an entry without an mtime survives linecache.checkcache).
-        linecache.cache[target] = (len(source), None, source.splitlines(True), target)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-    try:
-        runpy.run_path(target, run_name="__main__")
-    except BaseException as exc:
-        # Drop runpy's frames so the traceback goes from here straight into the script.
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != target:
-            tb = tb.tb_next
-        exc.with_traceback(tb or exc.__traceback__)
-        raise
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _has_source(path: str, source: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read() == source
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-# -- resolving TARGET (on the driver) -----------------------------------------------------
-
-
-def resolve_target(target: str, args: list[str]) -> tuple[Callable[..., Any], list[Any]]:
-    """The function every rank runs and its positional arguments.
-
-    Raises:
-        UsageError: the script does not exist, the module or function cannot be found, or
-            the function cannot take the given ARGS.
-    """
-    if target.endswith(".py") or os.path.isfile(target):
-        if not os.path.isfile(target):
-            raise UsageError(f"script {target!r} not found")
-        try:
-            with open(target, encoding="utf-8") as fh:
-                source = fh.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read script {target!r}: {exc}") from None
-        return run_script, [os.path.abspath(target), source, list(args)]
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"TARGET {target!r} is neither a .py script nor module:function")
-    fn = _import_function(module_name, attr)
-    if _wants_argv(fn, args):
-        try:
-            inspect.signature(fn).bind(list(args))
-        except TypeError:
-            raise UsageError(
-                f"{target} takes no arguments, but ARGS were given after `--`; "
-                "give it a parameter for the list of arguments"
-            ) from None
-        except ValueError:  # no signature (a builtin): let the call decide
-            pass
-        return fn, [list(args)]
-    return fn, []
-
-
-def _import_function(module_name: str, attr: str) -> Callable[..., Any]:
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)  # as `python -m` does
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise UsageError(
-                f"module {module_name!r} not found (from {cwd}; is it installed or on PYTHONPATH?)"
-            ) from None
-        raise UsageError(f"importing {module_name!r} failed:\n{traceback.format_exc()}") from None
-    except Exception:  # noqa: BLE001 - the user's module raised while importing
-        raise UsageError(f"importing {module_name!r} failed:\n{traceback.format_exc()}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"{module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise UsageError(f"{module_name}:{attr} is not callable")
-    _ship_by_value(module)
-    fn: Callable[..., Any] = obj
-    return fn
-
-
-def _wants_argv(fn: Callable[..., Any], args: list[str]) -> bool:
-    """ARGS were given, or the first parameter has no default (e.g. ``main(argv)``)."""
-    if args:
-        return True
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return (
-        bool(parameters)
-        and parameters[0].kind in positional
-        and (parameters[0].default is inspect.Parameter.empty)
-    )
-
-
-def _ship_by_value(module: Any) -> None:
-    """Pickle a module's functions by value unless executors can import it themselves."""
-    path = getattr(module, "__file__", None)
-    if not path:
-        return
-    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
-    real = os.path.realpath(path)
-    if any(real.startswith(os.path.realpath(p) + os.sep) for p in installed) or (
-        module.__name__.split(".")[0] == "sparktrain"
-    ):
-        return
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(module)
-
-
 # -- Spark --------------------------------------------------------------------------------
 
 
@@ -301,9 +149,7 @@ def _spark_session(master: str | None, np: int, conf: dict[str, str], app: str) 
         # Whatever spark-submit would use (spark-defaults.conf, MASTER, --master); Spark's
         # own fallback is local[*], which may have fewer slots than np.
         configured = _configured_master(SparkContext)
-        master = (
-            configured if configured and not configured.startswith("local") else (f"local[{np}]")
-        )
+        master = configured if configured and not configured.startswith("local") else f"local[{np}]"
     if master.startswith("local"):
         # Local executors start "python3" from PATH unless told otherwise.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -312,6 +158,21 @@ def _spark_session(master: str | None, np: int, conf: dict[str, str], app: str) 
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _start_spark(options: argparse.Namespace, conf: dict[str, str]) -> Any:
+    """:func:`_spark_session` for the options; a Spark that cannot start is a usage error."""
+    name = os.path.basename(options.target)
+    try:
+        return _spark_session(options.master, options.np, conf, f"sparktrain {name}")
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Java missing, bad master, …
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(
+            f"could not start Spark (master {options.master or 'default'}): {first}; "
+            "`sparktrain doctor --spark` shows what is missing"
+        ) from None
 
 
 def _configured_master(context: Any) -> str | None:
@@ -343,9 +204,40 @@ def _parse_conf(items: list[str]) -> dict[str, str]:
 
 def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
     """``sparktrain run``: returns the exit code."""
-    from sparktrain.config import parse_duration
     from sparktrain.errors import CapacityError, ConfigurationError, SparkTrainError
     from sparktrain.runner import SparkRunner
+
+    settings = _runner_settings(options)
+    conf = _parse_conf(options.conf)
+    if options.np < 0 and (options.master or conf):
+        raise UsageError(
+            "--master and --conf are for Spark runs (--np > 0); --np < 0 runs "
+            "on this machine without Spark"
+        )
+    session = None
+    try:
+        # The settings are checked before TARGET is imported and Spark starts (both slow).
+        runner = SparkRunner(options.np, **settings)
+        fn, fn_args = resolve_target(options.target, args)
+        if options.np > 0:
+            session = _start_spark(options, conf)
+            runner = SparkRunner(options.np, spark=session, **settings)
+        value = runner.run(fn, *fn_args)
+    except SparkTrainError as exc:
+        print(f"sparktrain: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, (ConfigurationError, CapacityError)) else EXIT_FAILED
+    finally:
+        if session is not None:
+            with contextlib.suppress(Exception):  # the outcome is already decided
+                session.stop()
+    if value is not None:
+        print(repr(value), flush=True)
+    return EXIT_OK
+
+
+def _runner_settings(options: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~sparktrain.runner.SparkRunner` settings that the options give."""
+    from sparktrain.config import parse_duration
 
     settings: dict[str, Any] = {}
     for name in ("timeout", "start_timeout"):
@@ -359,45 +251,7 @@ def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
         settings["backend"] = options.backend
     if options.verbosity:
         settings["driver_log_verbosity"] = options.verbosity
-    conf = _parse_conf(options.conf)
-    if options.np < 0 and (options.master or conf):
-        raise UsageError(
-            "--master and --conf are for Spark runs (--np > 0); --np < 0 runs "
-            "on this machine without Spark"
-        )
-    session = None
-    try:
-        runner = SparkRunner(options.np, **settings)
-        fn, fn_args = resolve_target(options.target, args)
-        if options.np > 0:
-            name = os.path.basename(options.target)
-            try:
-                session = _spark_session(options.master, options.np, conf, f"sparktrain {name}")
-            except UsageError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Java missing, bad master, …
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise UsageError(
-                    f"could not start Spark (master {options.master or 'default'}): {first}; "
-                    "`sparktrain doctor --spark` shows what is missing"
-                ) from None
-            runner = SparkRunner(options.np, spark=session, **settings)
-        value = runner.run(fn, *fn_args)
-    except (ConfigurationError, CapacityError) as exc:
-        print(f"sparktrain: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SparkTrainError as exc:
-        print(f"sparktrain: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        if session is not None:
-            try:
-                session.stop()
-            except Exception:  # noqa: BLE001 - the outcome is already decided
-                pass
-    if value is not None:
-        print(repr(value), flush=True)
-    return EXIT_OK
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,520 +1,50 @@
 """``sparktrain doctor``: what this machine has for sparktrain, and how to fix what it lacks.
 
-Each probe returns :class:`Check` rows and never raises. Anything slow or that may crash
-(importing torch or Horovod, starting Spark) runs in a subprocess with a timeout. Only
-Python and torch are essential; Java, pyspark, Horovod, MPI and GPUs are needed by some
-runs only, so their absence is shown with its fix but does not fail the command.
+The probes live in :mod:`sparktrain.doctor_probes`; this module runs them in display order
+and prints the table. Only Python and torch are essential; Java, pyspark, Horovod, MPI and
+GPUs are needed by some runs only, so their absence is shown with its fix but does not fail
+the command.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
-import importlib.util
-import json
-import os
-import platform
-import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
-OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
-MIN_PYTHON = (3, 10)
-PROBE_TIMEOUT = 120.0
-SPARK_TIMEOUT = 240.0
-TORCH_FIX = (
-    "pip install torch (CPU only: pip install torch --index-url "
-    "https://download.pytorch.org/whl/cpu)"
-)
-HOROVOD_FIX = (
-    "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 "
-    "HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation --no-cache-dir "
-    "horovod (torch >= 2.1 needs C++17: see scripts/install-horovod.sh)"
-)
-GPU_CONF_FIX = (
-    "set spark.executor.resource.gpu.amount=<GPUs per executor>, "
-    "spark.task.resource.gpu.amount=1 and spark.executor.resource.gpu."
-    "discoveryScript=$SPARK_HOME/examples/src/main/scripts/getGpusResources.sh "
-    "(spark-defaults.conf, or --conf)"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One row of the report.
-
-    Attributes:
-        name: what was checked.
-        status: ``ok``, ``fail``, ``warn`` or ``skip`` (not applicable or not asked for).
-        detail: what was found.
-        fix: how to fix it, for ``fail`` and ``warn``.
-        essential: whether sparktrain cannot work without it.
-    """
-
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-    essential: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """A finished command: its exit code and its stdout and stderr together."""
-
-    returncode: int
-    text: str
-
-
-# -- the two ways probes look outside (tests replace these) -------------------------------
-
-
-def _command(
-    argv: Sequence[str], timeout: float = PROBE_TIMEOUT, env: dict[str, str] | None = None
-) -> Output | None:
-    """Run a program; None when it is not installed. A timeout gives returncode -9."""
-    try:
-        done = subprocess.run(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            env=env,
-            check=False,
-        )
-    except FileNotFoundError:
-        return None
-    except PermissionError as exc:
-        return Output(126, str(exc))
-    except subprocess.TimeoutExpired:
-        return Output(-9, f"timed out after {timeout:g}s")
-    return Output(done.returncode, done.stdout or "")
-
-
-def _python_json(
-    code: str,
-    timeout: float = PROBE_TIMEOUT,
-    python: str | None = None,
-    env: dict[str, str] | None = None,
-) -> tuple[dict[str, Any] | None, str]:
-    """Run ``code`` in a fresh interpreter; (its last stdout line as JSON, or None; output)."""
-    out = _command([python or sys.executable, "-c", code], timeout, env)
-    if out is None:
-        return None, f"{python or sys.executable} not found"
-    for line in reversed(out.text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                break
-            if out.returncode == 0 and isinstance(data, dict):
-                return data, out.text
-            break
-    return None, out.text
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:200] if lines else "no output"
-
-
-# -- probes ------------------------------------------------------------------------------
-
-
-def check_python() -> list[Check]:
-    version = platform.python_version()
-    if sys.version_info[:2] < MIN_PYTHON:
-        return [
-            Check(
-                "python",
-                FAIL,
-                f"{version} ({sys.executable})",
-                f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer",
-                essential=True,
-            )
-        ]
-    return [Check("python", OK, f"{version} ({sys.executable})", essential=True)]
-
-
-def check_sparktrain() -> list[Check]:
-    try:
-        version = importlib.metadata.version("sparktrain")
-    except importlib.metadata.PackageNotFoundError:
-        version = "not installed as a package"
-    where = Path(__file__).resolve().parent
-    return [Check("sparktrain", OK, f"{version} ({where})")]
-
-
-_TORCH_CODE = """
-import json, torch
-cuda = torch.cuda.is_available()
-print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "available": cuda,
-                  "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-                  if cuda else [], "gloo": torch.distributed.is_gloo_available(),
-                  "nccl": torch.distributed.is_nccl_available()}))
-"""
-
-
-def check_torch(gpus: list[str]) -> list[Check]:
-    if importlib.util.find_spec("torch") is None:
-        return [Check("torch", FAIL, "not installed", TORCH_FIX, essential=True)]
-    data, text = _python_json(_TORCH_CODE)
-    if data is None:
-        return [
-            Check(
-                "torch",
-                FAIL,
-                f"installed but `import torch` fails: {_last_line(text)}",
-                "reinstall torch: " + TORCH_FIX,
-                essential=True,
-            )
-        ]
-    build = f"CUDA {data['cuda']}" if data.get("cuda") else "CPU build"
-    rows = [
-        Check(
-            "torch",
-            OK,
-            f"{data['version']} ({build}; gloo "
-            f"{'yes' if data.get('gloo') else 'no'}, nccl "
-            f"{'yes' if data.get('nccl') else 'no'})",
-            essential=True,
-        )
-    ]
-    devices = data.get("devices") or []
-    if devices:
-        rows.append(Check("torch cuda", OK, f"{len(devices)} device(s): {', '.join(devices)}"))
-    elif gpus:
-        rows.append(
-            Check(
-                "torch cuda",
-                FAIL,
-                f"this machine has {len(gpus)} GPU(s) but torch sees none ({build})",
-                "install a CUDA build of torch (pip install torch --index-url "
-                "https://download.pytorch.org/whl/cu126) and check the driver "
-                "(nvidia-smi), CUDA_VISIBLE_DEVICES",
-            )
-        )
-    else:
-        rows.append(Check("torch cuda", SKIP, "no GPU on this machine"))
-    return rows
-
-
-def _java_major(text: str) -> int | None:
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    if match is None:
-        return None
-    major = int(match.group(1))
-    return int(match.group(2) or 0) if major == 1 else major  # "1.8.0_292" is Java 8
-
-
-def _pyspark_version() -> str | None:
-    if importlib.util.find_spec("pyspark") is None:
-        return None
-    try:
-        return importlib.metadata.version("pyspark")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown version"
-
-
-def check_java(pyspark_version: str | None) -> list[Check]:
-    # Spark 4 needs Java 17; Spark 3.5 runs on 8, 11 and 17.
-    needed = 8 if pyspark_version and pyspark_version[:2] in ("3.", "2.") else 17
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    fix = (
-        f"install Java {needed}+ (apt-get install openjdk-17-jre-headless) and set JAVA_HOME to it"
-    )
-    if java_home and not os.path.exists(os.path.join(java_home, "bin", "java")):
-        return [
-            Check(
-                "java",
-                FAIL,
-                f"JAVA_HOME={java_home} has no bin/java",
-                f"point JAVA_HOME at a Java {needed}+ installation, or unset it",
-            )
-        ]
-    out = _command([java, "-version"]) if java else None
-    if out is None:
-        return [Check("java", FAIL, "not found (JAVA_HOME unset, no java on PATH)", fix)]
-    major = _java_major(out.text)
-    first = out.text.strip().splitlines()[0] if out.text.strip() else "no output"
-    where = f"JAVA_HOME={java_home}" if java_home else f"{java} from PATH; JAVA_HOME unset"
-    if major is None or out.returncode != 0:
-        return [Check("java", FAIL, f"`{java} -version` failed: {_last_line(out.text)}", fix)]
-    if major < needed:
-        return [Check("java", FAIL, f"Java {major} ({where}); Spark needs {needed}+", fix)]
-    return [Check("java", OK, f"{first} ({where})")]
-
-
-def check_pyspark(pyspark_version: str | None) -> list[Check]:
-    if pyspark_version is None:
-        return [
-            Check(
-                "pyspark",
-                FAIL,
-                "not installed (needed for np > 0)",
-                "pip install 'sparktrain[spark]' (or pip install pyspark), or use "
-                "np < 0 to run on the driver alone",
-            )
-        ]
-    rows = [Check("pyspark", OK, pyspark_version)]
-    python = os.environ.get("PYSPARK_PYTHON")
-    if not python:
-        rows.append(
-            Check(
-                "executor python",
-                WARN,
-                "PYSPARK_PYTHON unset: local executors run `python3` from PATH",
-                f"export PYSPARK_PYTHON={sys.executable} (or set "
-                "spark.pyspark.python) to an interpreter with sparktrain and torch",
-            )
-        )
-        return rows
-    data, text = _python_json(
-        "import json, sparktrain; print(json.dumps({'ok': True}))", python=python
-    )
-    if data is None:
-        rows.append(
-            Check(
-                "executor python",
-                FAIL,
-                f"PYSPARK_PYTHON={python} cannot import sparktrain: {_last_line(text)}",
-                f"install sparktrain into {python}, or point PYSPARK_PYTHON at {sys.executable}",
-            )
-        )
-    else:
-        rows.append(Check("executor python", OK, f"PYSPARK_PYTHON={python} imports sparktrain"))
-    return rows
-
-
-_SPARK_CODE = """
-import json, os, sys
-from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[2]").appName("sparktrain-doctor")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .getOrCreate())
-try:
-    sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
-    n = sc.parallelize(range(2), 2).barrier().mapPartitions(lambda it: [1]).sum()
-    print(json.dumps({"version": spark.version, "tasks": n}))
-finally:
-    spark.stop()
-"""
-
-
-def check_spark_session(enabled: bool, pyspark_version: str | None) -> list[Check]:
-    if not enabled:
-        return [Check("spark session", SKIP, "not tried (sparktrain doctor --spark starts one)")]
-    if pyspark_version is None:
-        return [Check("spark session", SKIP, "pyspark is not installed")]
-    env = dict(os.environ)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    data, text = _python_json(_SPARK_CODE, timeout=SPARK_TIMEOUT, env=env)
-    if data is None or data.get("tasks") != 2:
-        return [
-            Check(
-                "spark session",
-                FAIL,
-                f"local[2] barrier stage failed: {_last_line(text)}",
-                "check Java (above), PYSPARK_PYTHON, and that the hostname resolves "
-                "(export SPARK_LOCAL_IP=127.0.0.1)",
-            )
-        ]
-    return [
-        Check("spark session", OK, f"Spark {data['version']}: local[2] ran a 2-task barrier stage")
-    ]
-
-
-_HOROVOD_CODE = """
-import json, horovod, horovod.torch as hvd
-print(json.dumps({"version": horovod.__version__, "gloo": bool(hvd.gloo_built()),
-                  "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}))
-"""
-
-
-def check_horovod() -> list[Check]:
-    if importlib.util.find_spec("horovod") is None:
-        return [
-            Check(
-                "horovod",
-                SKIP,
-                "not installed (needed only for HorovodRunner / backend='horovod')",
-                HOROVOD_FIX,
-            )
-        ]
-    data, text = _python_json(_HOROVOD_CODE)
-    if data is None:
-        return [
-            Check(
-                "horovod",
-                FAIL,
-                f"installed but `import horovod.torch` fails: {_last_line(text)}",
-                "rebuild it against this torch: pip uninstall -y horovod; " + HOROVOD_FIX,
-            )
-        ]
-    built = ", ".join(f"{k} {'yes' if data.get(k) else 'no'}" for k in ("gloo", "mpi", "nccl"))
-    if not (data.get("gloo") or data.get("mpi")):
-        return [
-            Check(
-                "horovod",
-                FAIL,
-                f"{data['version']} built without Gloo or MPI ({built})",
-                "rebuild with HOROVOD_WITH_GLOO=1: " + HOROVOD_FIX,
-            )
-        ]
-    return [Check("horovod", OK, f"{data['version']} ({built})")]
-
-
-def check_mpirun() -> list[Check]:
-    path = shutil.which("mpirun")
-    if path is None:
-        return [
-            Check(
-                "mpirun",
-                SKIP,
-                "not found (needed only for launcher='mpi')",
-                "apt-get install openmpi-bin libopenmpi-dev, then rebuild Horovod with "
-                "HOROVOD_WITH_MPI=1",
-            )
-        ]
-    out = _command([path, "--version"], timeout=30)
-    version = _last_line(out.text.splitlines()[0]) if out and out.text.strip() else "unknown"
-    return [Check("mpirun", OK, f"{version} ({path})")]
-
-
-def probe_gpus() -> tuple[list[str], str]:
-    """The GPUs ``nvidia-smi -L`` lists, and why there are none when there are none."""
-    out = _command(["nvidia-smi", "-L"], timeout=30)
-    if out is None:
-        return [], "nvidia-smi not found"
-    if out.returncode != 0:
-        return [], f"nvidia-smi failed: {_last_line(out.text)}"
-    return [line.strip() for line in out.text.splitlines() if line.startswith("GPU ")], ""
-
-
-def check_gpus(gpus: list[str], why: str) -> list[Check]:
-    if not gpus:
-        return [Check("gpus", SKIP, f"none ({why})" if why else "none")]
-    return [Check("gpus", OK, f"{len(gpus)}: " + "; ".join(g.split(" (UUID")[0] for g in gpus))]
-
-
-def spark_defaults() -> tuple[dict[str, str], str | None]:
-    """The settings in spark-defaults.conf (SPARK_CONF_DIR, SPARK_HOME/conf or pyspark's)."""
-    dirs = [os.environ.get("SPARK_CONF_DIR")]
-    if os.environ.get("SPARK_HOME"):
-        dirs.append(os.path.join(os.environ["SPARK_HOME"], "conf"))
-    spec = importlib.util.find_spec("pyspark")
-    if spec is not None and spec.submodule_search_locations:
-        dirs.append(os.path.join(list(spec.submodule_search_locations)[0], "conf"))
-    for directory in dirs:
-        if not directory:
-            continue
-        path = os.path.join(directory, "spark-defaults.conf")
-        if os.path.isfile(path):
-            conf: dict[str, str] = {}
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    line = line.strip()
-                    if line and not line.startswith("#"):
-                        key, value = _split_conf(line)
-                        conf[key] = value
-            return conf, path
-    return {}, None
-
-
-def _split_conf(line: str) -> tuple[str, str]:
-    """``key value`` or ``key=value``, as Spark's properties files allow."""
-    match = re.match(r"^([^\s=]+)(?:\s*=\s*|\s+)(.*)$", line)
-    if match is None:
-        return line, ""
-    return match.group(1), match.group(2).strip()
-
-
-def check_spark_gpus(
-    gpus: list[str], pyspark_version: str | None, conf: dict[str, str], where: str | None
-) -> list[Check]:
-    if pyspark_version is None:
-        return [Check("spark gpus", SKIP, "pyspark is not installed")]
-    amount = conf.get("spark.executor.resource.gpu.amount")
-    script = conf.get("spark.executor.resource.gpu.discoveryScript") or conf.get(
-        "spark.worker.resource.gpu.discoveryScript"
-    )
-    source = where or "no spark-defaults.conf found"
-    if not amount:
-        if gpus:
-            return [
-                Check(
-                    "spark gpus",
-                    FAIL,
-                    f"this machine has {len(gpus)} GPU(s) but Spark "
-                    f"is not told to schedule them ({source})",
-                    GPU_CONF_FIX,
-                )
-            ]
-        return [Check("spark gpus", SKIP, f"not configured, no GPU here ({source})")]
-    detail = (
-        f"spark.executor.resource.gpu.amount={amount}, task amount "
-        f"{conf.get('spark.task.resource.gpu.amount', 'unset')} ({source})"
-    )
-    if script and not os.access(script, os.X_OK):
-        return [
-            Check(
-                "spark gpus",
-                FAIL,
-                f"{detail}; discovery script {script} is missing or not executable",
-                f"chmod +x {script}, or fix its path",
-            )
-        ]
-    if not script:
-        return [
-            Check(
-                "spark gpus",
-                WARN,
-                f"{detail}; no discovery script",
-                "set spark.executor.resource.gpu.discoveryScript unless the cluster "
-                "manager (YARN, Kubernetes) discovers GPUs itself",
-            )
-        ]
-    return [Check("spark gpus", OK, f"{detail}; discovery script {script}")]
+from sparktrain import doctor_probes as probes
+from sparktrain.doctor_probes import ESSENTIALS, FAIL, OK, SKIP, WARN, Check
 
 
 def run_checks(spark: bool = False) -> list[Check]:
-    """Every check, in display order; a probe that crashes becomes a failed row."""
-    pyspark_version = _pyspark_version()
-    gpus, why = _safe(lambda: probe_gpus(), ([], "probe failed"))
-    conf, where = _safe(spark_defaults, ({}, None))
-    probes: list[tuple[str, Callable[[], list[Check]]]] = [
-        ("python", check_python),
-        ("sparktrain", check_sparktrain),
-        ("torch", lambda: check_torch(gpus)),
-        ("java", lambda: check_java(pyspark_version)),
-        ("pyspark", lambda: check_pyspark(pyspark_version)),
-        ("spark session", lambda: check_spark_session(spark, pyspark_version)),
-        ("horovod", check_horovod),
-        ("mpirun", check_mpirun),
-        ("gpus", lambda: check_gpus(gpus, why)),
-        ("spark gpus", lambda: check_spark_gpus(gpus, pyspark_version, conf, where)),
+    """Every check, in display order; a probe that crashes becomes a failed row.
+
+    Args:
+        spark: also start a local SparkSession and run a barrier stage (slow).
+    """
+    pyspark_version = probes.installed_pyspark_version()
+    gpus, why = _safe(probes.probe_gpus, ([], "probe failed"))
+    conf, where = _safe(probes.spark_defaults, ({}, None))
+    checks: list[tuple[str, Callable[[], list[Check]]]] = [
+        ("python", probes.check_python),
+        ("sparktrain", probes.check_sparktrain),
+        ("torch", lambda: probes.check_torch(gpus)),
+        ("java", lambda: probes.check_java(pyspark_version)),
+        ("pyspark", lambda: probes.check_pyspark(pyspark_version)),
+        ("spark session", lambda: probes.check_spark_session(spark, pyspark_version)),
+        ("horovod", probes.check_horovod),
+        ("mpirun", probes.check_mpirun),
+        ("gpus", lambda: probes.check_gpus(gpus, why)),
+        ("spark gpus", lambda: probes.check_spark_gpus(gpus, pyspark_version, conf, where)),
     ]
-    checks: list[Check] = []
-    for name, probe in probes:
+    rows: list[Check] = []
+    for name, check in checks:
         try:
-            checks.extend(probe())
+            rows.extend(check())
         except Exception as exc:  # noqa: BLE001 - one broken probe must not hide the others
-            checks.append(
-                Check(
-                    name,
-                    FAIL,
-                    f"the check itself failed: {type(exc).__name__}: {exc}",
-                    essential=name in ("python", "torch"),
-                )
-            )
-    return checks
+            detail = f"the check itself failed: {type(exc).__name__}: {exc}"
+            rows.append(Check(name, FAIL, detail, essential=name in ESSENTIALS))
+    return rows
 
 
 def _safe(fn: Callable[[], Any], default: Any) -> Any:
@@ -524,13 +54,17 @@ def _safe(fn: Callable[[], Any], default: Any) -> Any:
         return default
 
 
+def missing_essentials(checks: Sequence[Check]) -> list[str]:
+    """The names of the essential checks that failed."""
+    return [c.name for c in checks if c.essential and c.status == FAIL]
+
+
 def _marks(stream: TextIO) -> dict[str, str]:
-    marks = {OK: "✓", FAIL: "✗", WARN: "!", SKIP: "-"}
     try:
         "✓✗".encode(getattr(stream, "encoding", None) or "utf-8")  # None: an in-memory stream
     except (LookupError, UnicodeEncodeError):
-        marks = {OK: "ok", FAIL: "XX", WARN: "!", SKIP: "-"}
-    return marks
+        return {OK: "ok", FAIL: "XX", WARN: "!", SKIP: "-"}
+    return {OK: "✓", FAIL: "✗", WARN: "!", SKIP: "-"}
 
 
 def render(checks: Sequence[Check], stream: TextIO) -> None:
@@ -542,19 +76,27 @@ def render(checks: Sequence[Check], stream: TextIO) -> None:
         print(f"  {marks[check.status]:>2} {check.name:<{width}}{check.detail}", file=stream)
         if check.fix and check.status != OK:
             print(f"     {'':<{width}}fix: {check.fix}", file=stream)
-    broken = [c.name for c in checks if c.essential and c.status == FAIL]
+    broken = missing_essentials(checks)
     if broken:
         print(f"\nmissing essentials: {', '.join(broken)} (see the fixes above)", file=stream)
     else:
         print(
-            "\nessentials (python, torch) are fine; the rest is needed only by the runs "
-            "that use it",
+            f"\nessentials ({', '.join(ESSENTIALS)}) are fine; the rest is needed only by the "
+            "runs that use it",
             file=stream,
         )
 
 
 def main(spark: bool = False, stream: TextIO | None = None) -> int:
-    """Run every check and print the table; 0 when the essentials are fine, else 1."""
+    """Run every check and print the table.
+
+    Args:
+        spark: also start a local SparkSession and run a barrier stage (slow).
+        stream: where the table goes (default: stdout).
+
+    Returns:
+        0 when the essentials are fine, else 1.
+    """
     checks = run_checks(spark=spark)
     render(checks, stream or sys.stdout)
-    return 1 if any(c.essential and c.status == FAIL for c in checks) else 0
+    return 1 if missing_essentials(checks) else 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import cli, doctor
+from sparktrain import cli, cli_target, doctor, doctor_probes
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "fixtures" / "cli_script.py"
@@ -85,7 +85,7 @@ def test_help_exits_0(capsys):
 
 def test_script_target_ships_its_source():
     fn, args = cli.resolve_target(str(SCRIPT), ["--flag", "x"])
-    assert fn is cli.run_script
+    assert fn is cli_target.run_script
     assert args == [str(SCRIPT), SCRIPT.read_text(), ["--flag", "x"]]
 
 
@@ -144,7 +144,7 @@ def test_user_module_is_shipped_by_value(user_module):
 def test_run_script_runs_the_file_where_it_is_present(tmp_path, capsys):
     script = tmp_path / "job.py"
     script.write_text("import sys\nprint(__name__, sys.argv, __file__)\n")
-    cli.run_script(str(script), script.read_text(), ["--a", "1"])
+    cli_target.run_script(str(script), script.read_text(), ["--a", "1"])
     assert capsys.readouterr().out == f"__main__ {[str(script), '--a', '1']} {script}\n"
 
 
@@ -154,7 +154,7 @@ def test_run_script_runs_a_copy_where_the_path_is_absent(tmp_path, capsys):
     source = "import sys\nprint(__name__, sys.argv[1:])\nraise ValueError('from the copy')\n"
     missing = tmp_path / "elsewhere" / "job.py"
     with pytest.raises(ValueError) as info:
-        cli.run_script(str(missing), source, ["--a", "1"])
+        cli_target.run_script(str(missing), source, ["--a", "1"])
     assert capsys.readouterr().out == "__main__ ['--a', '1']\n"
     rendered = "".join(traceback.format_exception(info.value))
     assert "job.py" in rendered and "raise ValueError('from the copy')" in rendered
@@ -177,11 +177,11 @@ def fake_probes(
     def command(argv, timeout=0, env=None):
         name = os.path.basename(argv[0])
         if name == "java":
-            return None if java is None else doctor.Output(0, java)
+            return None if java is None else doctor_probes.Output(0, java)
         if name == "nvidia-smi":
-            return doctor.Output(0, gpus) if gpus else None
+            return doctor_probes.Output(0, gpus) if gpus else None
         if name == "mpirun":
-            return doctor.Output(0, "mpirun (Open MPI) 4.1.4\n")
+            return doctor_probes.Output(0, "mpirun (Open MPI) 4.1.4\n")
         raise AssertionError(argv)
 
     def python_json(code, timeout=0, python=None, env=None):
@@ -206,14 +206,14 @@ def fake_probes(
             return {"ok": True}, ""
         raise AssertionError(code)
 
-    monkeypatch.setattr(doctor, "_command", command)
-    monkeypatch.setattr(doctor, "_python_json", python_json)
+    monkeypatch.setattr(doctor_probes, "_command", command)
+    monkeypatch.setattr(doctor_probes, "_python_json", python_json)
     monkeypatch.setattr(
-        doctor.shutil, "which", lambda name: None if name == "mpirun" else f"/usr/bin/{name}"
+        doctor_probes.shutil, "which", lambda name: None if name == "mpirun" else f"/usr/bin/{name}"
     )
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setattr(doctor, "spark_defaults", lambda: ({}, None))
+    monkeypatch.setattr(doctor_probes, "spark_defaults", lambda: ({}, None))
 
 
 def run_doctor(*argv):
@@ -276,7 +276,7 @@ def test_doctor_shows_fixes_and_fails_without_torch(monkeypatch):
     ],
 )
 def test_java_version_parsing(text, major):
-    assert doctor._java_major(text) == major
+    assert doctor_probes._java_major(text) == major
 
 
 def test_doctor_reads_spark_gpu_settings(tmp_path, monkeypatch):
@@ -287,12 +287,12 @@ def test_doctor_reads_spark_gpu_settings(tmp_path, monkeypatch):
         f"spark.executor.resource.gpu.discoveryScript={script}\n"
     )
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    conf, where = doctor.spark_defaults()
+    conf, where = doctor_probes.spark_defaults()
     assert conf["spark.executor.resource.gpu.amount"] == "1"
-    [check] = doctor.check_spark_gpus(["GPU 0"], "4.3.0", conf, where)
+    [check] = doctor_probes.check_spark_gpus(["GPU 0"], "4.3.0", conf, where)
     assert check.status == doctor.FAIL and "not executable" in check.detail
     script.chmod(0o755)
-    [check] = doctor.check_spark_gpus(["GPU 0"], "4.3.0", conf, where)
+    [check] = doctor_probes.check_spark_gpus(["GPU 0"], "4.3.0", conf, where)
     assert check.status == doctor.OK
 
 
