@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark setting for the session this command creates (repeatable)",
     )
     run.add_argument("target", metavar="TARGET", help="path/to/script.py or module:function")
-    run.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
+    run.add_argument("extra", nargs="*", default=[], help=argparse.SUPPRESS)
     doctor = commands.add_parser(
         "doctor",
         help="check Python, Java, Spark, torch, Horovod, GPUs and say how to fix what is missing",
