@@ -36,8 +36,10 @@ def train(ckpt_dir: str, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
         model.module.load_state_dict(latest.state["model"])
         optimizer.load_state_dict(latest.state["optimizer"])
         start, steps = latest.state["epoch"] + 1, latest.state["steps"]
-        sparktrain.log_to_driver(f"attempt {sparktrain.attempt()}: resuming at epoch {start} "
-                                 f"from the checkpoint of step {latest.step}")
+        sparktrain.log_to_driver(
+            f"attempt {sparktrain.attempt()}: resuming at epoch {start} "
+            f"from the checkpoint of step {latest.step}"
+        )
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
     y = x.sum(dim=1, keepdim=True)
     for epoch in range(start, epochs):
@@ -50,8 +52,17 @@ def train(ckpt_dir: str, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
             optimizer.step()
             steps += 1
         sparktrain.log_to_driver(f"epoch {epoch}: loss {loss.item():.4f} after {steps} steps")
-        checkpoint.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                         "epoch": epoch, "steps": steps}, ckpt_dir, step=steps, keep_last=2)
+        checkpoint.save(
+            {
+                "model": model.module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch,
+                "steps": steps,
+            },
+            ckpt_dir,
+            step=steps,
+            keep_last=2,
+        )
         dist.barrier()
     dist.destroy_process_group()
     return {"steps": steps, "loss": float(loss), "attempt": sparktrain.attempt()}
@@ -63,8 +74,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--np", type=int, default=-2, help="ranks (negative: on the driver)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps-per-epoch", type=int, default=20)
-    parser.add_argument("--checkpoint-dir", default=None,
-                        help="where checkpoints go (default: a new temporary directory)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where checkpoints go (default: a new temporary directory)",
+    )
     args = parser.parse_args(argv)
     from sparktrain import SparkRunner
 
@@ -73,21 +87,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
 
-        spark = (SparkSession.builder.master(f"local-cluster[{args.np},1,1024]")
-                 .appName("sparktrain-resume-demo").config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark = (
+            SparkSession.builder.master(f"local-cluster[{args.np},1,1024]")
+            .appName("sparktrain-resume-demo")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
     ckpt_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="sparktrain-resume-")
     try:
-        runner = SparkRunner(np=args.np, max_restarts=2, driver_log_verbosity="log_callback_only",
-                             grace_period=2)
+        runner = SparkRunner(
+            np=args.np, max_restarts=2, driver_log_verbosity="log_callback_only", grace_period=2
+        )
         result = runner.run(train, ckpt_dir, args.epochs, args.steps_per_epoch)
     finally:
         if spark is not None:
             spark.stop()
-    print(f"finished in attempt {result['attempt'] + 1} after {len(runner.attempts)} "
-          f"failure(s): {result['steps']} steps (expected {args.epochs * args.steps_per_epoch}),"
-          f" final loss {result['loss']:.4f}; checkpoints in {ckpt_dir}")
+    print(
+        f"finished in attempt {result['attempt'] + 1} after {len(runner.attempts)} "
+        f"failure(s): {result['steps']} steps (expected {args.epochs * args.steps_per_epoch}),"
+        f" final loss {result['loss']:.4f}; checkpoints in {ckpt_dir}"
+    )
     return result
 
 

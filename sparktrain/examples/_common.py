@@ -1,0 +1,486 @@
+"""What the examples share: options, data without downloads, a local Spark, a table printer.
+
+The data helpers run on every rank (the examples call them inside their training functions);
+the choice of data is made once on the driver (:func:`mnist_choice`, :func:`cifar_choice`)
+and passed to the ranks, so every rank loads the same thing and the driver can say at start
+what it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+DEFAULT_MASTER = "local-cluster[2,1,1024]"
+DIGITS_TEST_SIZE = 360  # of the 1797 bundled digits; the other 1437 train
+
+# Spark's own logging for an embedded session: errors only. The examples do not rely on the
+# repository's conf/ folder, which an installed package does not have. A PySpark driver sets
+# its root logger to the level of its gateway's logger, printing "Setting default log level
+# to ..." when that differs from the root's: so both say error.
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+"""
+
+
+# --------------------------------------------------------------------------- options
+
+
+def make_parser(
+    name: str,
+    description: str,
+    *,
+    np: int = 2,
+    epochs: int = 3,
+    batch_size: int = 64,
+    lr: float | None = 0.01,
+    lr_help: str = "",
+    data: bool = True,
+    checkpoints: bool = True,
+) -> argparse.ArgumentParser:
+    """An argument parser with the options every example shares.
+
+    Args:
+        name: the example's module name in ``sparktrain.examples``.
+        description: the example's one-line description.
+        np, epochs, batch_size, lr: the example's defaults (``lr=None``: the example
+            picks one for the data, as ``lr_help`` says).
+        lr_help: the help text's default part when ``lr`` is None.
+        data: add ``--data-dir``.
+        checkpoints: add ``--checkpoint-dir``.
+
+    Returns:
+        A parser with ``--np``, ``--local``, ``--master``, ``--epochs``, ``--batch-size``,
+        ``--lr`` and, as asked, ``--data-dir`` and ``--checkpoint-dir``.
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"python -m sparktrain.examples.{name}", description=description
+    )
+    parser.set_defaults(example=name)
+    parser.add_argument(
+        "--np",
+        type=int,
+        default=np,
+        help=f"number of ranks; negative runs them on this machine without Spark (default {np})",
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="run the ranks on this machine without Spark (the same as a negative --np)",
+    )
+    parser.add_argument(
+        "--master",
+        default=DEFAULT_MASTER,
+        help="Spark master for the session this example starts when none is active "
+        f"(default {DEFAULT_MASTER}: two executor JVMs on this machine)",
+    )
+    parser.add_argument("--epochs", type=int, default=epochs, help=f"default {epochs}")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=batch_size,
+        help=f"per-rank batch size (default {batch_size})",
+    )
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=lr,
+        help=f"learning rate (default {lr_help if lr is None else lr})",
+    )
+    if data:
+        parser.add_argument(
+            "--data-dir",
+            default=None,
+            help="torchvision data root holding MNIST / CIFAR-10 (never downloaded); "
+            "without it the example uses data that needs no download",
+        )
+    if checkpoints:
+        parser.add_argument(
+            "--checkpoint-dir",
+            default=None,
+            help="where rank 0 saves checkpoints (local path or fsspec URL; default: a fresh "
+            "directory under ./sparktrain-out/checkpoints)",
+        )
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv`` and normalise ``--np`` / ``--local`` into one signed ``np``."""
+    args = parser.parse_args(None if argv is None else list(argv))
+    if args.np == 0:
+        parser.error("--np must not be 0")
+    if args.local:
+        args.np = -abs(args.np)
+    if getattr(args, "checkpoint_dir", "") is None:
+        args.checkpoint_dir = fresh_dir(Path("sparktrain-out", "checkpoints"), args.example)
+    return args
+
+
+def fresh_dir(parent: str | os.PathLike[str], prefix: str) -> str:
+    """A new directory's path under ``parent``, named after ``prefix``, the time and a nonce.
+
+    Nothing is created: the checkpoint writer makes the directory at its first save, so a
+    run that stops on a bad option leaves nothing behind.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.abspath(os.path.join(parent, f"{prefix}-{stamp}-{uuid.uuid4().hex[:6]}"))
+
+
+def where(np: int) -> str:
+    """Words for where ``np`` ranks run."""
+    return f"{np} ranks on Spark executors" if np > 0 else f"{-np} ranks on this machine (no Spark)"
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def spark_session(master: str = DEFAULT_MASTER, app_name: str = "sparktrain-example") -> Any:
+    """The active SparkSession, or a new quiet one on ``master`` (UI off, errors-only logs).
+
+    Executors start ``PYSPARK_PYTHON``; it defaults here to this interpreter, so they share
+    its packages (torch, sparktrain). Set it before calling to use another.
+
+    Returns:
+        ``(session, created)``: ``created`` is True when this call started the session, so
+        the caller knows to stop it.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+    )
+    log_conf = _log4j2_file()
+    if log_conf is not None:
+        option = f"-Dlog4j2.configurationFile=file:{log_conf}"
+        builder = builder.config("spark.driver.extraJavaOptions", option).config(
+            "spark.executor.extraJavaOptions", option
+        )
+    with warnings.catch_warnings():
+        # pyspark's notice about pandas >= 3 says nothing about what these examples use.
+        warnings.filterwarnings(
+            "ignore", "PySpark does not yet fully support pandas", FutureWarning
+        )
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session, True
+
+
+def _log4j2_file() -> str | None:
+    """A log4j2 configuration file with :data:`_LOG4J2`, or None if none can be written."""
+    path = Path(tempfile.gettempdir(), f"sparktrain-log4j2-{os.getuid()}.properties")
+    try:
+        if not path.exists() or path.read_text() != _LOG4J2:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(_LOG4J2)
+            tmp.replace(path)
+    except OSError:
+        return None
+    return str(path)
+
+
+@contextlib.contextmanager
+def spark_for(np: int, master: str = DEFAULT_MASTER) -> Iterator[Any]:
+    """Yield the SparkSession ``np`` ranks need: None for ``np < 0``; stop it after if started."""
+    if np < 0:
+        print(f"Ranks: {where(np)}", flush=True)
+        yield None
+        return
+    start = time.monotonic()
+    session, created = spark_session(master)
+    actual = session.sparkContext.master
+    if created:
+        print(f"Spark: started {actual} in {time.monotonic() - start:.1f} s", flush=True)
+    else:
+        print(f"Spark: using the active SparkSession ({actual})", flush=True)
+    try:
+        yield session
+    finally:
+        if created:
+            session.stop()
+
+
+# --------------------------------------------------------------------------- data
+
+
+class DataChoice(NamedTuple):
+    """Which data an example trains on, decided once on the driver.
+
+    Attributes:
+        kind: ``"mnist"``, ``"digits"``, ``"cifar10"`` or ``"synthetic"``.
+        description: one line for the user.
+    """
+
+    kind: str
+    description: str
+
+
+def torchvision_or_reason() -> tuple[Any, str]:
+    """``(torchvision, "")`` when it imports, else ``(None, why)``.
+
+    A torchvision wheel built for another torch can fail at import with errors other than
+    ImportError (``RuntimeError: operator torchvision::nms does not exist``), so any error
+    counts as "not usable".
+    """
+    try:
+        import torchvision
+    except Exception as exc:
+        return None, f"torchvision is not usable here ({type(exc).__name__}: {exc})"
+    return torchvision, ""
+
+
+def mnist_choice(data_dir: str | None) -> DataChoice:
+    """MNIST from ``data_dir`` when it is there and torchvision works, else the digits."""
+    fallback = (
+        "scikit-learn's bundled handwritten digits (1797 real 8x8 images, upsampled to 28x28; "
+        f"{1797 - DIGITS_TEST_SIZE} train / {DIGITS_TEST_SIZE} test), no download"
+    )
+    why = _torchvision_dataset_problem(data_dir, "MNIST")
+    if why:
+        return DataChoice("digits", f"{fallback}: {why}")
+    return DataChoice("mnist", f"MNIST from {data_dir} (torchvision)")
+
+
+def cifar_choice(data_dir: str | None, train_size: int, test_size: int) -> DataChoice:
+    """CIFAR-10 from ``data_dir`` when it is there and torchvision works, else generated data."""
+    fallback = (
+        f"generated CIFAR-10-shaped tensors (3x32x32, 10 classes, {train_size} train / "
+        f"{test_size} test; each class is a smooth colour pattern plus noise, so it is "
+        "learnable)"
+    )
+    why = _torchvision_dataset_problem(data_dir, "CIFAR10")
+    if why:
+        return DataChoice("synthetic", f"{fallback}: {why}")
+    return DataChoice("cifar10", f"CIFAR-10 from {data_dir} (torchvision)")
+
+
+def _torchvision_dataset_problem(data_dir: str | None, name: str) -> str:
+    """Why torchvision's ``name`` cannot be used from ``data_dir`` ('' when it can)."""
+    if not data_dir:
+        return "no --data-dir given"
+    if not os.path.isdir(data_dir):
+        return f"--data-dir {data_dir} does not exist"
+    torchvision, why = torchvision_or_reason()
+    if torchvision is None:
+        return why
+    try:
+        getattr(torchvision.datasets, name)(data_dir, train=False, download=False)
+    except Exception as exc:  # torchvision says "Dataset not found" with a RuntimeError
+        return f"no {name} under {data_dir} ({type(exc).__name__}: {exc})"
+    return ""
+
+
+def digits_tensors(seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    """The bundled digits as ``(x_train, y_train, x_test, y_test)``, x of shape (N, 1, 8, 8).
+
+    Pixels are standardised with the training set's mean and standard deviation; the split
+    is a fixed shuffle of ``seed``, the same on every rank.
+    """
+    import torch
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    test, train = order[:DIGITS_TEST_SIZE], order[DIGITS_TEST_SIZE:]
+    mean, std = x[train].mean(), x[train].std()
+    x = (x - mean) / std
+    return x[train], y[train], x[test], y[test]
+
+
+def load_mnist_like(kind: str, data_dir: str | None = None) -> tuple[Any, Any]:
+    """``(train, test)`` datasets of 1x28x28 images and labels 0-9 for ``kind``.
+
+    Args:
+        kind: ``"mnist"`` (torchvision, from ``data_dir``) or ``"digits"``.
+        data_dir: torchvision's data root, for ``"mnist"``.
+    """
+    import torch
+    from torch.utils.data import TensorDataset
+
+    if kind == "mnist":
+        from torchvision import datasets, transforms
+
+        transform = transforms.Compose(
+            [transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))]
+        )
+        return (
+            datasets.MNIST(data_dir, train=True, download=False, transform=transform),
+            datasets.MNIST(data_dir, train=False, download=False, transform=transform),
+        )
+    x_train, y_train, x_test, y_test = digits_tensors()
+
+    def upsample(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(
+            x, size=(28, 28), mode="bilinear", align_corners=False
+        )
+
+    return TensorDataset(upsample(x_train), y_train), TensorDataset(upsample(x_test), y_test)
+
+
+def load_cifar_like(
+    kind: str, data_dir: str | None = None, train_size: int = 2048, test_size: int = 512
+) -> tuple[Any, Any]:
+    """``(train, test)`` datasets of 3x32x32 images and labels 0-9 for ``kind``.
+
+    Args:
+        kind: ``"cifar10"`` (torchvision, from ``data_dir``) or ``"synthetic"``.
+        data_dir: torchvision's data root, for ``"cifar10"``.
+        train_size, test_size: sizes of the generated sets.
+    """
+    if kind == "cifar10":
+        from torchvision import datasets, transforms
+
+        transform = transforms.Compose(
+            [
+                transforms.ToTensor(),
+                transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+            ]
+        )
+        return (
+            datasets.CIFAR10(data_dir, train=True, download=False, transform=transform),
+            datasets.CIFAR10(data_dir, train=False, download=False, transform=transform),
+        )
+    return synthetic_cifar(train_size, seed=1), synthetic_cifar(test_size, seed=2)
+
+
+def synthetic_cifar(size: int, seed: int, noise: float = 2.5) -> Any:
+    """``size`` CIFAR-shaped samples: a smooth colour pattern per class, scaled, plus noise.
+
+    The ten patterns come from a fixed seed, so train and test sets (different ``seed``)
+    share them and a network can learn them; the noise keeps it from being trivial.
+    """
+    import torch
+    from torch.utils.data import TensorDataset
+
+    patterns = torch.nn.functional.interpolate(
+        torch.randn(10, 3, 4, 4, generator=torch.Generator().manual_seed(0)),
+        size=(32, 32),
+        mode="bicubic",
+        align_corners=False,
+    )
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (size,), generator=g)
+    contrast = 0.6 + 0.8 * torch.rand(size, 1, 1, 1, generator=g)
+    images = patterns[labels] * contrast + noise * torch.randn(size, 3, 32, 32, generator=g)
+    return TensorDataset(images, labels)
+
+
+# --------------------------------------------------------------------------- on the ranks
+
+
+def init_distributed(backend: str | None = None) -> bool:
+    """Join the run's process group when inside a run; return whether there is one.
+
+    Outside a run (no ``MASTER_ADDR``) the function trains as a single process, so the
+    same training function runs in a notebook cell, then through a runner.
+    """
+    import torch.distributed as dist
+
+    import sparktrain
+
+    if dist.is_available() and dist.is_initialized():
+        return True
+    if "MASTER_ADDR" not in os.environ:
+        return False
+    dist.init_process_group(backend or sparktrain.default_backend())
+    return True
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group: a barrier first, then ``destroy_process_group``.
+
+    Without the barrier, a rank that destroys its Gloo group and exits while a peer is
+    still destroying its own can make that peer abort ("terminate called without an active
+    exception", SIGABRT); seen here with torch 2.13 after a few epochs of DDP.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def rank_device() -> Any:
+    """The torch device for this rank: its CUDA device where it has one, else the CPU."""
+    import torch
+
+    import sparktrain
+
+    if sparktrain.use_gpu():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- output
+
+
+def format_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[tuple[str, str, str]],
+    title: str | None = None,
+) -> str:
+    """Rows as an aligned text table.
+
+    Args:
+        rows: one mapping per row.
+        columns: ``(key, header, format spec)`` per column, e.g. ``("loss", "loss", ".4f")``.
+        title: an optional line above the table.
+    """
+    cells = [[h for _, h, _ in columns]]
+    for row in rows:
+        line = []
+        for key, _, spec in columns:
+            value = row.get(key)
+            line.append("-" if value is None else format(value, spec))
+        cells.append(line)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    rule = "  ".join("-" * w for w in widths)
+    text = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    out = ([title] if title else []) + [text[0], rule] + text[1:]
+    return "\n".join(out)
+
+
+def print_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[tuple[str, str, str]],
+    title: str | None = None,
+) -> str:
+    """Print :func:`format_table` and return it."""
+    text = format_table(rows, columns, title)
+    print(text, flush=True)
+    return text
+
+
+EPOCH_COLUMNS: Sequence[tuple[str, str, str]] = (
+    ("epoch", "epoch", "d"),
+    ("loss", "train loss", ".4f"),
+    ("accuracy", "test accuracy", ".2%"),
+    ("seconds", "time/epoch (s)", ".2f"),
+    ("ranks", "ranks", "d"),
+)
