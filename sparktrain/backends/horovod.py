@@ -1,5 +1,8 @@
 """Horovod backend: Horovod's own Gloo rendezvous server plus the ``HOROVOD_*`` rank env.
 
+With ``launcher="mpi"`` the ranks are started by mpirun instead (see
+:mod:`sparktrain.task.mpirun`) and this backend only selects Horovod's MPI controller.
+
 ``hvd.init()`` under Gloo reads its place in the job from the environment
 (``HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*``) and meets its peers through an HTTP key-value store
 (``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``), in three scopes: ``global``, ``local_<hostname>`` and
@@ -29,9 +32,9 @@ LAUNCHERS = (None, "gloo", "mpi")
 ADDR_KEY = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 PORT_KEY = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 
-# mpirun launches need the runner to start mpirun on one task and the other ranks through the
-# barrier tasks; until it does, launcher="mpi" is refused rather than silently run as Gloo.
-MPI_LAUNCH_SUPPORTED = False
+# launcher="mpi": rank 0's task runs mpirun, the other hosts' daemons are started through
+# their barrier tasks (sparktrain.task.mpirun); set False to refuse it.
+MPI_LAUNCH_SUPPORTED = True
 
 INSTALL_HINT = (
     "Horovod with PyTorch support is needed for backend='horovod'. Horovod 0.28.1 does not "
@@ -234,6 +237,11 @@ class HorovodBackend(Backend):
     def env(
         self, spec: ClusterSpec, rank: RankSpec, shared: Mapping[str, str], config: RunConfig
     ) -> dict[str, str]:
+        if config.launcher == "mpi":
+            # Under mpirun, hvd.init() takes rank, size and locality from MPI itself.
+            env = {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"}
+            env.update(interface_env(rank))
+            return env
         if ADDR_KEY not in shared or PORT_KEY not in shared:
             raise SparkTrainError(f"the Horovod rendezvous address is missing from {dict(shared)}")
         env = horovod_slots(spec)[rank.rank].env()

@@ -69,6 +69,11 @@ def _adopt_mpi_rank() -> None:
     else:
         os.environ.pop(RESULT_ENV, None)
     os.chdir(folder)
+    # The task reaps ranks by these files once their launcher has ended (none outlives it).
+    pid_file = os.path.join(folder, f"rank-{rank}.pid")
+    with open(f"{pid_file}.tmp", "w", encoding="utf-8") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(f"{pid_file}.tmp", pid_file)
     table = parse_rank_table(table_text)
     if rank not in table:
         raise SparkTrainError(
