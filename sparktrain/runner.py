@@ -153,6 +153,10 @@ class SparkRunner:
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
         get_backend(config.backend).check(config)
+        if session is None:
+            from sparktrain.task.entry import local_gpus
+
+            local_gpus(config.use_gpu, config.world_size)  # no GPUs for use_gpu=True: say so now
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
         hook = None
         if self._pre_rendezvous_hook is not None:

@@ -7,6 +7,7 @@ import os
 import pkgutil
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import cloudpickle
@@ -52,8 +53,12 @@ def spark():
         # Executors start "python3" from PATH unless told otherwise; they need this venv.
         patch.setenv("PYSPARK_PYTHON", sys.executable)
         session = builder.getOrCreate()
+        jvm_pid = session.sparkContext._jvm.ProcessHandle.current().pid()
         yield session
         session.stop()
+    # conf/gpu-discovery.sh hands out fake GPU ids under a folder named after the JVM.
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{jvm_pid}",
+                  ignore_errors=True)
 
 
 @pytest.fixture(params=["local", "spark"])

@@ -13,6 +13,8 @@ from typing import Any
 from sparktrain.errors import CapacityError
 
 POLL_INTERVAL = 0.25
+# How long slots held by other jobs may take to free up before the run is refused.
+BUSY_WAIT = 15.0
 
 
 def total_slots(sc: Any) -> int:
@@ -61,17 +63,22 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
             "application"
         )
     deadline = (since if since is not None else sc.startTime / 1000.0) + wait
+    busy_deadline: float | None = None
     while True:
         total = total_slots(sc)
         busy = busy_slots(sc)
         if total - busy >= n:
             return
+        now = time.time()
         if total >= n and busy:
-            raise CapacityError(
-                f"np={n} needs {n} free task slots at once, but {busy} of the cluster's {total} "
-                "slots are busy with other jobs; wait for them, or lower np"
-            )
-        if time.time() >= deadline:
+            # Tasks of a job that was just cancelled (a failed run) take a moment to end.
+            busy_deadline = busy_deadline or now + min(wait, BUSY_WAIT)
+            if now >= busy_deadline:
+                raise CapacityError(
+                    f"np={n} needs {n} free task slots at once, but {busy} of the cluster's "
+                    f"{total} slots are busy with other jobs; wait for them, or lower np"
+                )
+        elif now >= deadline:
             break
         time.sleep(POLL_INTERVAL)  # executors register with no event Python can wait on
     task_cpus = conf.get("spark.task.cpus", "1")

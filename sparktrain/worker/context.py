@@ -160,7 +160,8 @@ def _as_int(value: object) -> int | None:
 def report(*, step: int | None = None, epoch: int | None = None, **metrics: float) -> None:
     """Report progress and metrics to the driver, which shows and records them.
 
-    Only rank 0's reports are kept by default; calling it from every rank is harmless.
+    Every rank may call it: the driver's progress bar and MLflow follow rank 0's reports, and
+    ``runner.history`` keeps every rank's.
 
     Args:
         step: optimizer step or batch index, if known.

@@ -236,3 +236,9 @@ def test_reports_show_progress_and_come_back_as_rows(mode, capsys):
     assert list(frame["loss"]) == pytest.approx([1.0, 0.5, 1 / 3])
     assert [m["metrics"]["accuracy"] for m in runner.history if m["rank"] == 0] == [
         pytest.approx(0.5), pytest.approx(0.6), pytest.approx(0.7)]
+
+
+def test_local_use_gpu_without_gpus_is_a_configuration_error(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(sparktrain.ConfigurationError, match="needs 2 GPUs on the driver, found 0"):
+        SparkRunner(np=-2, use_gpu=True).run(trainers.noop)

@@ -164,15 +164,29 @@ def test_too_few_slots_message_without_gpus() -> None:
     assert "gpu" not in str(info.value)
 
 
-def test_busy_slots_fail_at_once() -> None:
+def test_busy_slots_fail_after_a_short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(capacity, "BUSY_WAIT", 0.3)
     sc = FakeSc(slots=4, busy=[2, 1], age=0.0)  # even a young session: slots exist, but busy
     start = time.monotonic()
     with pytest.raises(CapacityError) as info:
         check_capacity(sc, 2, wait=30)
-    assert time.monotonic() - start < 1.0
+    assert 0.3 <= time.monotonic() - start < 2.0  # BUSY_WAIT, not the 30 s capacity_wait
     message = str(info.value)
     assert "np=2 needs 2 free task slots" in message
     assert "3 of the cluster's 4 slots are busy with other jobs" in message
+
+
+def test_slots_freed_by_an_ending_job_are_used() -> None:
+    sc = FakeSc(slots=2, busy=[2])
+
+    def free_on_third_look(stage_id: int) -> StageInfo | None:
+        calls.append(stage_id)
+        return StageInfo(2 if len(calls) < 3 else 0) if stage_id == 0 else None
+
+    calls: list[int] = []
+    sc._tracker.getStageInfo = free_on_third_look  # type: ignore[method-assign]
+    check_capacity(sc, 2, wait=30)
+    assert len(calls) >= 3
 
 
 def test_busy_but_enough_free_slots_returns() -> None:
