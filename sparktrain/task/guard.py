@@ -17,26 +17,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 from sparktrain.task.supervise import PARENT_FD_ENV
-from sparktrain.worker.bootstrap import GRACE_ENV
-
-
-def _stop_group_when_orphaned(fd: int, grace: float) -> None:
-    def watch() -> None:
-        try:
-            while os.read(fd, 1):
-                pass
-        except OSError:
-            pass
-        # As the worker does: SIGTERM (mpirun stops its ranks), SIGKILL after the grace.
-        group = os.getpgid(0)
-        os.killpg(group, signal.SIGTERM)
-        threading.Event().wait(grace)
-        os.killpg(group, signal.SIGKILL)
-
-    threading.Thread(target=watch, name="sparktrain-guard", daemon=True).start()
+from sparktrain.worker.bootstrap import GRACE_ENV, watch_lifeline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fd_text = os.environ.pop(PARENT_FD_ENV, None)
     if fd_text:
-        _stop_group_when_orphaned(int(fd_text), float(os.environ.get(GRACE_ENV, "10")))
+        watch_lifeline(int(fd_text), float(os.environ.get(GRACE_ENV, "10")), "sparktrain-guard")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A Python handler, not SIG_IGN: the command must get default dispositions at exec.
         signal.signal(sig, lambda signum, frame: None)

@@ -88,14 +88,12 @@ def _adopt_mpi_rank() -> None:
 GRACE_ENV = "_SPARKTRAIN_GRACE"
 
 
-def _watch_parent() -> None:
-    """Kill this process group as soon as the supervisor is gone (its pipe end closes)."""
-    fd_text = os.environ.get(PARENT_FD_ENV)
-    if not fd_text:
-        return
-    fd = int(fd_text)
+def watch_lifeline(fd: int, grace: float, name: str) -> None:
+    """Stop this process group once the supervisor is gone (the pipe end ``fd`` closes).
 
-    grace = float(os.environ.get(GRACE_ENV, "10"))
+    Like a preemption: SIGTERM first (ranks using should_stop() may save; mpirun stops its
+    ranks), SIGKILL after ``grace`` seconds.
+    """
 
     def watch() -> None:
         try:
@@ -103,13 +101,20 @@ def _watch_parent() -> None:
                 pass
         except OSError:
             pass
-        # Like a preemption: SIGTERM first (ranks using should_stop() may save), then SIGKILL.
         group = os.getpgid(0)
         os.killpg(group, signal.SIGTERM)
         threading.Event().wait(grace)
         os.killpg(group, signal.SIGKILL)
 
-    threading.Thread(target=watch, name="sparktrain-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name=name, daemon=True).start()
+
+
+def _watch_parent() -> None:
+    """Kill this process group as soon as the supervisor is gone."""
+    fd_text = os.environ.get(PARENT_FD_ENV)
+    if fd_text:
+        watch_lifeline(int(fd_text), float(os.environ.get(GRACE_ENV, "10")),
+                       "sparktrain-parent-watch")
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
