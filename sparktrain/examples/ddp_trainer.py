@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from sparktrain.examples import _common
+from sparktrain.examples import _common, _data
 
 
 class BasicBlock(nn.Module):
@@ -74,7 +74,7 @@ class SmallResNet(nn.Module):
 
 def model_choice() -> tuple[str, str]:
     """``("resnet18", why)`` when torchvision is importable, else ``("small", why)``."""
-    torchvision, why = _common.torchvision_or_reason()
+    torchvision, why = _data.torchvision_or_reason()
     if torchvision is None:
         return "small", f"a small ResNet (3 stages of 16/32/64 channels), since {why}"
     return "resnet18", "torchvision's ResNet-18 (10 classes)"
@@ -94,7 +94,7 @@ def load_train_objs(
     data: str, data_dir: str | None, model: str, lr: float, train_size: int, test_size: int
 ) -> tuple[Dataset[Any], Dataset[Any], nn.Module, torch.optim.Optimizer]:
     """The tutorial's ``load_train_objs``: train set, test set, model, optimizer."""
-    train_set, test_set = _common.load_cifar_like(data, data_dir, train_size, test_size)
+    train_set, test_set = _data.load_cifar_like(data, data_dir, train_size, test_size)
     net = build_model(model)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     return train_set, test_set, net, optimizer
@@ -317,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="generated test images, when CIFAR-10 is absent (default 512)",
     )
     args = _common.parse(parser, argv)
-    data = _common.cifar_choice(args.data_dir, args.train_size, args.test_size)
+    data = _data.cifar_choice(args.data_dir, args.train_size, args.test_size)
     model, model_text = model_choice()
     print(f"Data: {data.description}", flush=True)
     print(f"Model: {model_text}", flush=True)

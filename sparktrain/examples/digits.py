@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sparktrain.examples import _common
+from sparktrain.examples import _common, _data
 
 EPOCHS, LR, BATCH_SIZE = 12, 0.002, 32  # reaches >= 95% test accuracy by epoch 3-5
 
@@ -94,7 +94,7 @@ def train(
     device = _common.rank_device()
     torch.manual_seed(seed)
 
-    x_train, y_train, x_test, y_test = _common.digits_tensors()
+    x_train, y_train, x_test, y_test = _data.digits_tensors()
     train_set = TensorDataset(x_train, y_train)
     sampler: DistributedSampler[Any] = DistributedSampler(
         train_set, num_replicas=size, rank=rank, seed=seed
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ckpt_dir = args.resume or _common.fresh_dir(out / "checkpoints", "digits")
     data = (
         f"scikit-learn's bundled handwritten digits (1797 real 8x8 images; "
-        f"{1797 - _common.DIGITS_TEST_SIZE} train / {_common.DIGITS_TEST_SIZE} test), "
+        f"{1797 - _data.DIGITS_TEST_SIZE} train / {_data.DIGITS_TEST_SIZE} test), "
         "no download"
     )
     print(f"Data: {data}", flush=True)

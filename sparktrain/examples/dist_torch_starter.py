@@ -24,14 +24,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from sparktrain.examples import _common
+from sparktrain.examples import _common, _data
 
 
 def get_data() -> tuple[Any, Any]:
     """YOUR DATA: ``(train, test)`` datasets. Here: the bundled digits as 64-pixel vectors."""
     from torch.utils.data import TensorDataset
 
-    x_train, y_train, x_test, y_test = _common.digits_tensors()
+    x_train, y_train, x_test, y_test = _data.digits_tensors()
     return (TensorDataset(x_train.flatten(1), y_train), TensorDataset(x_test.flatten(1), y_test))
 
 
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
     print(
         "Data: scikit-learn's bundled handwritten digits as 64-pixel vectors "
-        f"({1797 - _common.DIGITS_TEST_SIZE} train / {_common.DIGITS_TEST_SIZE} test), "
+        f"({1797 - _data.DIGITS_TEST_SIZE} train / {_data.DIGITS_TEST_SIZE} test), "
         "no download",
         flush=True,
     )

@@ -10,9 +10,13 @@ The notebook's story, in order:
    from rank 0 only, run through ``HorovodRunner(np=2)``; then ``test(hvd_log_dir)``.
 
 The only change from Databricks is the import: ``from sparktrain import HorovodRunner``
-instead of ``from sparkdl import HorovodRunner``. The notebook's module-level settings
-(``batch_size``, ``num_epochs``, ...) are keyword arguments here, because executors import
-this module afresh and would not see values set on the driver.
+instead of ``from sparkdl import HorovodRunner``. The notebook's settings that the command
+line can change (data, ``num_epochs``, ``batch_size``) travel as one :class:`Settings`
+argument to ``train``, ``train_hvd`` and ``test``, because executors import this module
+afresh and would not see values set on the driver.
+
+:class:`Net` and :func:`train_one_epoch` also serve ``torch_hvd_mnist`` (the Horovod
+workshop's script uses the same network and training step).
 
 Run it::
 
@@ -25,13 +29,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparktrain.examples import _common
+from sparktrain.examples import _common, _data
 
 # The notebook's settings.
 batch_size = 100
@@ -40,6 +45,23 @@ momentum = 0.5
 log_interval = 100
 NOTEBOOK_LR = 0.001  # tuned for MNIST's 60000 images: 600 steps an epoch
 DIGITS_LR = 0.05  # the 1437 digits give 15 steps an epoch; a larger rate makes up for it
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings ``train``, ``train_hvd`` and ``test`` share, chosen on the driver.
+
+    Attributes:
+        data: ``"mnist"`` or ``"digits"`` (see :func:`sparktrain.examples._data.mnist_choice`).
+        data_dir: torchvision's data root, for ``"mnist"``.
+        epochs: the notebook's ``num_epochs``.
+        batch: the notebook's ``batch_size``.
+    """
+
+    data: str = "digits"
+    data_dir: str | None = None
+    epochs: int = num_epochs
+    batch: int = batch_size
 
 
 class Net(nn.Module):
@@ -64,9 +86,17 @@ class Net(nn.Module):
 
 
 def train_one_epoch(
-    model: nn.Module, device: torch.device, data_loader: Any, optimizer: Any, epoch: int
+    model: nn.Module,
+    device: torch.device,
+    data_loader: Any,
+    optimizer: Any,
+    epoch: int,
+    log_interval: int = log_interval,
 ) -> float:
     """One pass over ``data_loader``; prints progress every ``log_interval`` batches.
+
+    The progress line counts this rank's samples (``len(data_loader.sampler)``), as the
+    Horovod workshop's script does; the notebook printed batches times batch size.
 
     Returns:
         The mean training loss of the epoch on this rank.
@@ -84,7 +114,7 @@ def train_one_epoch(
         seen += len(data)
         if batch_idx % log_interval == 0:
             print(
-                f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(data_loader) * len(data)} "
+                f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(data_loader.sampler)} "
                 f"({100.0 * batch_idx / len(data_loader):.0f}%)]\tLoss: {loss.item():.6f}",
                 flush=True,
             )
@@ -113,32 +143,26 @@ def load_checkpoint(log_dir: str) -> dict[str, Any]:
     return state
 
 
-def train(
-    learning_rate: float,
-    log_dir: str,
-    data: str = "digits",
-    data_dir: str | None = None,
-    epochs: int = num_epochs,
-    batch: int = batch_size,
-) -> list[float]:
+def train(learning_rate: float, log_dir: str, settings: Settings = Settings()) -> list[float]:
     """Single-node training, as in the notebook's first part.
 
     Returns:
         The mean training loss of each epoch.
     """
+    s = settings
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    train_dataset, _ = _common.load_mnist_like(data, data_dir)
-    data_loader = torch.utils.data.DataLoader(train_dataset, batch_size=batch, shuffle=True)
+    train_dataset, _ = _data.load_mnist_like(s.data, s.data_dir)
+    data_loader = torch.utils.data.DataLoader(train_dataset, batch_size=s.batch, shuffle=True)
     model = Net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
     losses = []
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, s.epochs + 1):
         losses.append(train_one_epoch(model, device, data_loader, optimizer, epoch))
         save_checkpoint(log_dir, model, optimizer, epoch)
     return losses
 
 
-def test(log_dir: str, data: str = "digits", data_dir: str | None = None) -> dict[str, float]:
+def test(log_dir: str, settings: Settings = Settings()) -> dict[str, float]:
     """Load the newest checkpoint of ``log_dir`` and score it on the test set.
 
     Returns:
@@ -149,7 +173,7 @@ def test(log_dir: str, data: str = "digits", data_dir: str | None = None) -> dic
     checkpoint = load_checkpoint(log_dir)
     loaded_model.load_state_dict(checkpoint["model"])
     loaded_model.eval()
-    _, test_dataset = _common.load_mnist_like(data, data_dir)
+    _, test_dataset = _data.load_mnist_like(settings.data, settings.data_dir)
     data_loader = torch.utils.data.DataLoader(test_dataset, batch_size=1000)
     test_loss, correct = 0.0, 0
     with torch.no_grad():
@@ -163,14 +187,7 @@ def test(log_dir: str, data: str = "digits", data_dir: str | None = None) -> dic
     return {"test_loss": test_loss / count, "accuracy": correct / count}
 
 
-def train_hvd(
-    learning_rate: float,
-    log_dir: str,
-    data: str = "digits",
-    data_dir: str | None = None,
-    epochs: int = num_epochs,
-    batch: int = batch_size,
-) -> list[float]:
+def train_hvd(learning_rate: float, log_dir: str, settings: Settings = Settings()) -> list[float]:
     """The notebook's ``train_hvd``: the same loop on every Horovod rank.
 
     Returns:
@@ -181,20 +198,21 @@ def train_hvd(
 
     import sparktrain
 
+    s = settings
     hvd.init()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         # Pin each GPU to a single process.
         torch.cuda.set_device(hvd.local_rank())
 
-    train_dataset, _ = _common.load_mnist_like(data, data_dir)
+    train_dataset, _ = _data.load_mnist_like(s.data, s.data_dir)
     # Configure the sampler so that each worker gets a distinct sample of the input dataset.
     train_sampler: DistributedSampler[Any] = DistributedSampler(
         train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
     )
     # Use train_sampler to load a different sample of data on each worker.
     train_loader = torch.utils.data.DataLoader(
-        train_dataset, batch_size=batch, sampler=train_sampler
+        train_dataset, batch_size=s.batch, sampler=train_sampler
     )
 
     model = Net().to(device)
@@ -210,7 +228,7 @@ def train_hvd(
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     losses = []
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, s.epochs + 1):
         train_sampler.set_epoch(epoch)
         local = train_one_epoch(model, device, train_loader, optimizer, epoch)
         loss = float(hvd.allreduce(torch.tensor(local), name="epoch_loss"))
@@ -247,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="skip the single-node part and go straight to HorovodRunner",
     )
     args = _common.parse(parser, argv)
-    choice = _common.mnist_choice(args.data_dir)
+    choice = _data.mnist_choice(args.data_dir)
     lr = args.lr if args.lr is not None else (NOTEBOOK_LR if choice.kind == "mnist" else DIGITS_LR)
     print(f"Data: {choice.description}", flush=True)
     print(
@@ -256,12 +274,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f" momentum {momentum}; checkpoints under {args.checkpoint_dir}",
         flush=True,
     )
-    common = {
-        "data": choice.kind,
-        "data_dir": args.data_dir,
-        "epochs": args.epochs,
-        "batch": args.batch_size,
-    }
+    settings = Settings(choice.kind, args.data_dir, args.epochs, args.batch_size)
     results: dict[str, Any] = {
         "data": choice.description,
         "np": args.np,
@@ -273,13 +286,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print("\n== Single-node training ==", flush=True)
         log_dir = f"{args.checkpoint_dir}/single"
         began = time.monotonic()
-        losses = train(lr, log_dir, **common)
+        losses = train(lr, log_dir, settings)
         seconds = time.monotonic() - began
         results["single"] = {
             "losses": losses,
             "seconds": seconds,
             "log_dir": log_dir,
-            **test(log_dir, choice.kind, args.data_dir),
+            **test(log_dir, settings),
         }
 
     print(f"\n== HorovodRunner: {_common.where(args.np)} ==", flush=True)
@@ -287,13 +300,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with _common.spark_for(args.np, args.master) as spark:
         hr = HorovodRunner(np=args.np, spark=spark)
         began = time.monotonic()
-        losses = hr.run(train_hvd, learning_rate=lr, log_dir=hvd_log_dir, **common)
+        losses = hr.run(train_hvd, learning_rate=lr, log_dir=hvd_log_dir, settings=settings)
         seconds = time.monotonic() - began
     results["hvd"] = {
         "losses": losses,
         "seconds": seconds,
         "log_dir": hvd_log_dir,
-        **test(hvd_log_dir, choice.kind, args.data_dir),
+        **test(hvd_log_dir, settings),
     }
 
     rows = [

@@ -7,6 +7,10 @@ alike, ``hvd.DistributedOptimizer`` with ``--fp16-allreduce`` (``hvd.Compression
 by rank 0 only, and the time of each epoch. ``horovodrun -np 2 python pytorch_mnist.py``
 becomes ``python -m sparktrain.examples.torch_hvd_mnist --np 2``.
 
+The script's ``Net`` and the body of its ``train(epoch)`` are the same as those of
+Databricks' notebook, so they are imported from ``mnist_horovod`` (:class:`Net`,
+:func:`train_one_epoch`); the rest is the workshop's.
+
 Run it::
 
     python -m sparktrain.examples.torch_hvd_mnist                      # 2 Spark ranks
@@ -22,8 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sparktrain.examples import _common
-from sparktrain.examples.mnist_horovod import Net
+from sparktrain.examples import _common, _data
+from sparktrain.examples.mnist_horovod import Net, train_one_epoch
 
 WORKSHOP_LR = 0.01  # for MNIST's 60000 images
 DIGITS_LR = 0.05  # the 1437 digits give far fewer steps an epoch
@@ -64,7 +68,7 @@ def train_mnist(settings: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     device = torch.device("cuda" if cuda else "cpu")
 
-    train_dataset, test_dataset = _common.load_mnist_like(s["data"], s["data_dir"])
+    train_dataset, test_dataset = _data.load_mnist_like(s["data"], s["data_dir"])
     # Horovod: use DistributedSampler to partition the training data.
     train_sampler: DistributedSampler[Any] = DistributedSampler(
         train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
@@ -104,28 +108,11 @@ def train_mnist(settings: dict[str, Any]) -> dict[str, Any]:
     )
 
     def train(epoch: int) -> float:
-        model.train()
         # Horovod: set epoch to sampler for shuffling.
         train_sampler.set_epoch(epoch)
-        total, seen = 0.0, 0
-        for batch_idx, (data, target) in enumerate(train_loader):
-            data, target = data.to(device), target.to(device)
-            optimizer.zero_grad()
-            output = model(data)
-            loss = F.nll_loss(output, target)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(data)
-            seen += len(data)
-            if batch_idx % s["log_interval"] == 0:
-                # Horovod: use train_sampler to determine the number of examples in
-                # this worker's partition.
-                print(
-                    f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)} "
-                    f"({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}",
-                    flush=True,
-                )
-        return metric_average(total / max(seen, 1), "avg_train_loss")
+        # The progress lines count the examples in this worker's partition (train_sampler).
+        loss = train_one_epoch(model, device, train_loader, optimizer, epoch, s["log_interval"])
+        return metric_average(loss, "avg_train_loss")
 
     def test() -> tuple[float, float]:
         model.eval()
@@ -240,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="stream every rank's output, not only log_to_driver messages",
     )
     args = _common.parse(parser, argv)
-    choice = _common.mnist_choice(args.data_dir)
+    choice = _data.mnist_choice(args.data_dir)
     lr = args.lr if args.lr is not None else (WORKSHOP_LR if choice.kind == "mnist" else DIGITS_LR)
     settings = {
         "data": choice.kind,
