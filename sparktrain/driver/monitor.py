@@ -99,7 +99,12 @@ class RunMonitor:
         cancel_deadline: float | None = None
         done: dict[str, Any] | None = None
         interrupted = False
-        while done is None:
+        while True:
+            # After a stop, the job may end before every task confirmed its ranks are gone
+            # (a Spark cancel is asynchronous): keep listening for those confirmations.
+            confirming = stop_deadline is not None and not self.exited >= self.arrived
+            if done is not None and not confirming:
+                break
             deadlines = [d for d in (run_deadline, stop_deadline, cancel_deadline) if d is not None]
             if len(self.arrived) < self.n and self.stop_reason is None:
                 deadlines.append(rendezvous_deadline)
@@ -110,15 +115,14 @@ class RunMonitor:
                 except queue.Empty:  # a deadline passed
                     now = time.monotonic()
                     if cancel_deadline is not None and now >= cancel_deadline:
-                        self._print("sparktrain: tasks did not confirm their end after "
-                                    "cancellation; giving up on them")
-                        done = {"records": None, "error": None}
-                    elif stop_deadline is not None and now >= stop_deadline:
-                        launch.cancel()
-                        stop_deadline = None
+                        if done is None:
+                            self._print("sparktrain: tasks did not confirm their end after "
+                                        "cancellation; giving up on them")
+                        done = done or {"records": None, "error": None}
+                        break
+                    if stop_deadline is not None and now >= stop_deadline:
+                        stop_deadline, cancel_deadline = None, self._cancel(launch)
                         run_deadline = None
-                        # The launch reports done once Spark has cancelled the tasks.
-                        cancel_deadline = now + CANCEL_WAIT
                     elif self.stop_reason is None and len(self.arrived) < self.n and (
                         now >= rendezvous_deadline
                     ):
@@ -135,13 +139,6 @@ class RunMonitor:
                     stop = self._handle(conn_id, message)
                     if stop is not None and self.stop_reason is None:
                         stop_deadline = self._stop(stop, launch)
-                if self.stop_reason is not None and stop_deadline is not None and (
-                    self.exited >= set(self.arrived)
-                ):
-                    # Every task has confirmed its ranks are gone: end the job now.
-                    launch.cancel()
-                    stop_deadline = None
-                    cancel_deadline = time.monotonic() + CANCEL_WAIT
             except KeyboardInterrupt:
                 if interrupted:
                     launch.cancel()
@@ -150,10 +147,18 @@ class RunMonitor:
                 self._print("sparktrain: interrupted; stopping every rank (Ctrl-C again to "
                             "cancel at once)")
                 stop_deadline = self._stop(SparkTrainError("interrupted"), launch)
-                launch.cancel()
+            if stop_deadline is not None and (self.exited >= self.arrived or not self.started):
+                # Every task has confirmed its ranks are gone (or none ever started, as when
+                # tasks wait in the rendezvous): end the job now.
+                stop_deadline, cancel_deadline = None, self._cancel(launch)
         if interrupted:
             raise KeyboardInterrupt
         return self._conclude(done, launch)
+
+    def _cancel(self, launch: Launch) -> float:
+        """Cancel the launch; returns how long to wait for it to report its end."""
+        launch.cancel()
+        return time.monotonic() + CANCEL_WAIT
 
     def _stop(self, error: SparkTrainError | None, launch: Launch) -> float:
         """Ask every task to stop its ranks; returns the deadline for them to confirm."""
