@@ -2,21 +2,18 @@
 
 The same code serves a Spark barrier task (one rank per task) and the local supervisor on
 the driver (all ranks of an ``np < 0`` run); only how the TaskInfos are gathered differs.
+What runs the ranks once the ClusterSpec is known is :class:`_Supervisor`
+(:mod:`sparktrain.task.supervisor`), or :class:`MpiTask` for ``launcher="mpi"``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import os
-import queue
-import shutil
 import socket
 import sys
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,44 +21,11 @@ import cloudpickle
 
 from sparktrain import wire
 from sparktrain.backends import get_backend
-from sparktrain.backends.base import Backend, rank_env
-from sparktrain.cluster import ClusterSpec, RankSpec, TaskInfo, build_cluster_spec
-from sparktrain.config import RunConfig
-from sparktrain.errors import WorkerFailure
+from sparktrain.cluster import TaskInfo, build_cluster_spec
+from sparktrain.errors import ConfigurationError
 from sparktrain.task.mpirun import MpiTask, uses_mpirun
 from sparktrain.task.rsh import PeerServer
-from sparktrain.task.supervise import RankProcess, stop_all
-from sparktrain.worker import bootstrap, context
-
-RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskJob:
-    """Everything a task needs, shipped inside the Spark closure (or handed over locally).
-
-    Attributes:
-        run_id: identifies the run (and names its processes' environment).
-        attempt: 0 for the first launch, then one more per restart.
-        config: the run's settings, as RunConfig.to_json().
-        channel: ``host:port`` of the driver's channel.
-        key: the run's HMAC key.
-        payload: the pickled function and arguments.
-        hook: private test hook, a pickled callable run with the task index before rendezvous.
-    """
-
-    run_id: str
-    attempt: int
-    config: dict[str, Any]
-    channel: str
-    key: bytes
-    payload: bytes
-    hook: bytes | None = None
-
-    @property
-    def run_config(self) -> RunConfig:
-        """The RunConfig rebuilt on this side."""
-        return RunConfig.from_json(self.config)
+from sparktrain.task.supervisor import TaskJob, _Supervisor
 
 
 def free_port() -> int:
@@ -85,181 +49,6 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def _record(rank: RankSpec, status: str, result: bytes | None, failure: WorkerFailure | None
-            ) -> dict[str, Any]:
-    return {
-        "index": rank.task.index,
-        "rank": rank.rank,
-        "status": status,
-        "result": result,
-        "failure": failure.to_json() if failure else None,
-    }
-
-
-class _Supervisor:
-    """Starts this task's ranks and waits for them, obeying aborts from the driver."""
-
-    def __init__(self, job: TaskJob, client: wire.ChannelClient | None) -> None:
-        self.job = job
-        self.config = job.run_config
-        self.client = client
-        self.events: queue.Queue[tuple[str, int, Any]] = queue.Queue()
-        self.forward_logs = self.config.driver_log_verbosity == "all"
-
-    def send(self, message: dict[str, Any]) -> None:
-        """Best-effort message to the driver."""
-        if self.client is None:
-            return
-        try:
-            self.client.send(message)
-        except (OSError, wire.FrameError):
-            pass
-
-    def listen(self) -> None:
-        """Turn the driver's abort (or its disappearance) into an abort event."""
-        if self.client is None:
-            return
-        client = self.client
-
-        def read() -> None:
-            reason = "the driver closed the connection"
-            try:
-                while True:
-                    message = client.receive()
-                    if message.get("type") == "abort":
-                        reason = str(message.get("reason", "aborted by the driver"))
-                        break
-            except (OSError, EOFError, wire.FrameError):
-                if client.closed:
-                    return
-            self.events.put(("abort", -1, reason))
-
-        threading.Thread(target=read, name="sparktrain-abort-listener", daemon=True).start()
-
-    def _on_line(self, rank: int, line: str) -> None:
-        if self.forward_logs:
-            self.send({"type": "log", "rank": rank, "line": line})
-
-    def run(
-        self, spec: ClusterSpec, mine: Sequence[RankSpec], backend: Backend,
-        shared: Mapping[str, str],
-    ) -> list[dict[str, Any]]:
-        """Spawn ``mine``, supervise until all ended; returns one record per rank."""
-        workdir = Path(tempfile.mkdtemp(prefix=f"sparktrain-{self.job.run_id}-"))
-        try:
-            payload_path = workdir / "payload.pkl"
-            payload_path.write_bytes(self.job.payload)
-            procs: dict[int, RankProcess] = {}
-            for rank in mine:
-                procs[rank.rank] = self._spawn(spec, rank, backend, shared, workdir, payload_path)
-            return self._supervise(spec, mine, procs, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    def common_env(self, payload_path: Path) -> dict[str, str]:
-        """What every worker process of this task gets, whatever its rank."""
-        paths = [p for p in sys.path if p and os.path.exists(p)]
-        return {
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(paths),
-            RUN_ID_ENV: self.job.run_id,
-            context.ATTEMPT_ENV: str(self.job.attempt),
-            bootstrap.GRACE_ENV: str(self.config.grace_period),
-            context.CHANNEL_ENV: self.job.channel,
-            context.KEY_ENV: self.job.key.hex(),
-            bootstrap.PAYLOAD_ENV: str(payload_path),
-            bootstrap.MAX_RESULT_ENV: str(self.config.max_result_bytes),
-        }
-
-    def _spawn(
-        self, spec: ClusterSpec, rank: RankSpec, backend: Backend, shared: Mapping[str, str],
-        workdir: Path, payload_path: Path,
-    ) -> RankProcess:
-        config = self.config
-        env = dict(os.environ)
-        env.update(rank_env(spec, rank, config))
-        env.update(backend.env(spec, rank, shared, config))
-        # The user's variables win over tunable defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME);
-        # the per-rank ones they may not set are refused by RunConfig.
-        env.update(config.env)
-        env.update(self.common_env(payload_path))
-        env.update(
-            {
-                context.USE_GPU_ENV: "0" if env.get("CUDA_VISIBLE_DEVICES") == "" else "1",
-                bootstrap.ERROR_ENV: str(workdir / f"error-{rank.rank}.json"),
-            }
-        )
-        if rank.rank == 0:
-            env[bootstrap.RESULT_ENV] = str(workdir / "result.pkl")
-        proc = RankProcess(
-            rank.rank,
-            [sys.executable, "-m", "sparktrain.worker"],
-            env,
-            str(workdir),
-            on_line=self._on_line,
-            on_exit=lambda r, code: self.events.put(("exit", r, code)),
-        )
-        self.send({"type": "started", "rank": rank.rank, "pid": proc.pid,
-                   "host": rank.task.host, "index": rank.task.index})
-        return proc
-
-    def _supervise(
-        self, spec: ClusterSpec, mine: Sequence[RankSpec], procs: dict[int, RankProcess],
-        workdir: Path,
-    ) -> list[dict[str, Any]]:
-        by_rank = {r.rank: r for r in mine}
-        records: dict[int, dict[str, Any]] = {}
-        stopping = False
-        while len(records) < len(procs):
-            kind, rank_id, value = self.events.get()
-            if kind == "abort":
-                if not stopping:
-                    stopping = True
-                    live = [p for r, p in procs.items() if r not in records]
-                    threading.Thread(target=stop_all, args=(live, self.config.grace_period),
-                                     daemon=True).start()
-                continue
-            proc = procs[rank_id]
-            proc.join()
-            rank = by_rank[rank_id]
-            record = self._outcome(rank, proc, int(value), workdir)
-            if proc.stopped_by_supervisor and record["status"] == "failed":
-                record["status"] = "stopped"
-            records[rank_id] = record
-            if record["status"] == "failed":
-                self.send({"type": "failure", "failure": record["failure"]})
-                if not stopping and len(procs) > 1:
-                    # Local mode: the other ranks would block in their next collective.
-                    self.events.put(("abort", -1, f"rank {rank_id} failed"))
-        return [records[r.rank] for r in mine]
-
-    def _outcome(self, rank: RankSpec, proc: RankProcess, code: int, workdir: Path
-                 ) -> dict[str, Any]:
-        error_path = workdir / f"error-{rank.rank}.json"
-        result_path = workdir / "result.pkl"
-        base = WorkerFailure(rank=rank.rank, host=rank.task.host, exit_code=code,
-                             output_tail=tuple(proc.tail), time=proc.exit_time or time.time(),
-                             phase="lost")
-        if error_path.exists():
-            data = json.loads(error_path.read_text(encoding="utf-8"))
-            failure = dataclasses.replace(
-                base, exc_type=data.get("exc_type"), message=data.get("message", ""),
-                traceback=data.get("traceback"), phase=data.get("phase", "run"),
-                user_error=bool(data.get("user_error")), time=float(data.get("time", base.time)),
-            )
-            return _record(rank, "failed", None, failure)
-        if code != 0:
-            return _record(rank, "failed", None, base)
-        if rank.rank == 0:
-            if not result_path.exists():
-                failure = dataclasses.replace(
-                    base, message="the process exited with code 0 but wrote no result "
-                    "(did the function call os._exit?)")
-                return _record(rank, "failed", None, failure)
-            return _record(rank, "ok", result_path.read_bytes(), None)
-        return _record(rank, "ok", None, None)
-
-
 def _run_hook(job: TaskJob, index: int) -> dict[str, Any]:
     """Run the private test hook; a mapping it returns overrides this task's ``host``."""
     if job.hook is None:
@@ -268,24 +57,41 @@ def _run_hook(job: TaskJob, index: int) -> dict[str, Any]:
     return dict(overrides) if isinstance(overrides, Mapping) else {}
 
 
-def _peer_server(job: TaskJob, supervisor: _Supervisor, bind: str) -> PeerServer | None:
-    """The listener of an MPI run's task (its port is the one offered at rendezvous)."""
-    if not uses_mpirun(job.run_config.launcher):
-        return None
-    return PeerServer(job.key, lambda kind, ident, message: supervisor.events.put(
-        (kind, ident, message)), bind=bind)
+@contextlib.contextmanager
+def _session(
+    job: TaskJob, bind: str, indices: range
+) -> Iterator[tuple[_Supervisor, PeerServer | None]]:
+    """The supervisor of tasks ``indices`` and, for an MPI run, its peer server.
 
-
-def _connect(job: TaskJob) -> wire.ChannelClient | None:
+    The peer server listens on the port the launcher offers at rendezvous. On the way out the
+    driver is told that these tasks have exited.
+    """
     try:
-        return wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
+        client = wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
     except OSError as exc:
         print(f"sparktrain: cannot reach the driver at {job.channel}: {exc}", file=sys.stderr)
-        return None
+        client = None
+    supervisor = _Supervisor(job, client)
+    server = None
+    if uses_mpirun(supervisor.config.launcher):
+        server = PeerServer(
+            job.key,
+            lambda kind, ident, message: supervisor.events.put((kind, ident, message)),
+            bind=bind,
+        )
+    try:
+        yield supervisor, server
+    finally:
+        if server is not None:
+            server.close()
+        for index in indices:
+            supervisor.send({"type": "exited", "index": index})
+        if client is not None:
+            client.close()
 
 
-def _prepare(backend: Backend, spec: ClusterSpec, config: RunConfig) -> dict[str, str]:
-    return backend.prepare(spec, config) if backend.needs_prepare else {}
+def _hello(supervisor: _Supervisor, info: TaskInfo) -> None:
+    supervisor.send({"type": "hello", "index": info.index, "info": json.loads(info.to_json())})
 
 
 def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
@@ -296,18 +102,22 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
     index = ctx.partitionId()
     config = job.run_config
     backend = get_backend(config.backend)
-    client = _connect(job)
-    supervisor = _Supervisor(job, client)
-    server = _peer_server(job, supervisor, "")
-    try:
+    with _session(job, "", range(index, index + 1)) as (supervisor, server):
         overrides = _run_hook(job, index)
         host = overrides.get("host") or ctx.getTaskInfos()[index].address.rpartition(":")[0]
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
         port = server.port if server is not None else free_port()
-        info = TaskInfo(index=index, host=host, port=port, gpus=gpus,
-                        cpus=int(ctx.cpus()), pid=os.getpid(), ifname=interface_of(host))
-        supervisor.send({"type": "hello", "index": index, "info": json.loads(info.to_json())})
+        info = TaskInfo(
+            index=index,
+            host=host,
+            port=port,
+            gpus=gpus,
+            cpus=int(ctx.cpus()),
+            pid=os.getpid(),
+            ifname=interface_of(host),
+        )
+        _hello(supervisor, info)
         supervisor.listen()
         spec = build_cluster_spec([TaskInfo.from_json(t) for t in ctx.allGather(info.to_json())])
         if server is not None:
@@ -317,7 +127,7 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
         shared: dict[str, str] = {}
         if backend.needs_prepare:
             if mine.rank == 0:
-                shared = _prepare(backend, spec, config)
+                shared = backend.prepare(spec, config)
             shared = json.loads(ctx.allGather(json.dumps(shared))[spec.ranks[0].task.index])
         try:
             records = supervisor.run(spec, [mine], backend, shared)
@@ -325,12 +135,6 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
             if mine.rank == 0:
                 backend.teardown()
         yield from records
-    finally:
-        if server is not None:
-            server.close()
-        supervisor.send({"type": "exited", "index": index})
-        if client is not None:
-            client.close()
 
 
 def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
@@ -339,8 +143,6 @@ def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
     Raises:
         ConfigurationError: ``use_gpu=True`` with fewer GPUs than ranks.
     """
-    from sparktrain.errors import ConfigurationError
-
     if use_gpu is False:
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -359,8 +161,11 @@ def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
             "NCCL cannot put two ranks on one GPU: use np=-1 per GPU, or use_gpu=False"
         )
     if devices:
-        print(f"sparktrain: {n} local ranks but {len(devices)} GPU(s): running on CPU "
-              "(pass use_gpu=False to silence this, or lower np)", file=sys.stderr)
+        print(
+            f"sparktrain: {n} local ranks but {len(devices)} GPU(s): running on CPU "
+            "(pass use_gpu=False to silence this, or lower np)",
+            file=sys.stderr,
+        )
     return []
 
 
@@ -371,37 +176,30 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
     backend = get_backend(config.backend)
     gpus = local_gpus(config.use_gpu, n)
     cpus = max(1, (os.cpu_count() or 1) // n)
-    client = _connect(job)
-    supervisor = _Supervisor(job, client)
-    server = _peer_server(job, supervisor, "127.0.0.1")
-    try:
+    with _session(job, "127.0.0.1", range(n)) as (supervisor, server):
         infos = []
         for index in range(n):
             host = _run_hook(job, index).get("host") or "127.0.0.1"
             port = 0
             if index == 0:
                 port = server.port if server is not None else free_port()
-            info = TaskInfo(index=index, host=host, port=port,
-                            gpus=(gpus[index],) if gpus else (), cpus=cpus, pid=os.getpid(),
-                            ifname=interface_of(host))
-            supervisor.send({"type": "hello", "index": index, "info": json.loads(info.to_json())})
+            info = TaskInfo(
+                index=index,
+                host=host,
+                port=port,
+                gpus=(gpus[index],) if gpus else (),
+                cpus=cpus,
+                pid=os.getpid(),
+                ifname=interface_of(host),
+            )
+            _hello(supervisor, info)
             infos.append(info)
         supervisor.listen()
         spec = build_cluster_spec(infos)
         if server is not None:
             return MpiTask(supervisor, spec, backend, server, None).run()
-        shared = _prepare(backend, spec, config)
+        shared = backend.prepare(spec, config) if backend.needs_prepare else {}
         try:
             return supervisor.run(spec, spec.ranks, backend, shared)
         finally:
             backend.teardown()
-    finally:
-        if server is not None:
-            server.close()
-        for index in range(n):
-            supervisor.send({"type": "exited", "index": index})
-        if client is not None:
-            client.close()
-
-
-HookFn = Callable[[int], None]

@@ -4,7 +4,7 @@ Roles, all derived from the ClusterSpec every task computed identically:
 
 * the *launcher* (the task of rank 0, or the local supervisor for ``np < 0``) runs
   ``mpirun`` under a guard, reads its tagged output back into per-rank lines, and builds the
-  record of every rank once mpirun has ended;
+  record of every rank once mpirun has ended (:func:`sparktrain.task.records.mpi_records`);
 * a *daemon* task (local rank 0 on each other host) starts Open MPI's daemon when mpirun's
   agent asks (:mod:`sparktrain.task.rsh`), relays its exit code, and reports the error
   records its host's ranks wrote to the launcher;
@@ -22,26 +22,22 @@ import collections
 import json
 import os
 import queue
-import shutil
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparktrain import wire
 from sparktrain.backends import mpi
 from sparktrain.backends.base import Backend, rank_env
-from sparktrain.cluster import ClusterSpec, RankSpec
-from sparktrain.errors import WorkerFailure
+from sparktrain.cluster import ClusterSpec
+from sparktrain.task.records import clip, mpi_records, read_errors
 from sparktrain.task.rsh import PeerServer
 from sparktrain.task.supervise import TAIL_LINES, RankProcess, stop_all
+from sparktrain.task.supervisor import _Supervisor
 from sparktrain.worker import context
-
-if TYPE_CHECKING:
-    from sparktrain.task.entry import _Supervisor
 
 MPIRUN = -1  # process key of mpirun
 # mpirun and the daemons stop their ranks themselves (SIGTERM, grace, SIGKILL): they get that
@@ -56,23 +52,6 @@ HOST_REPORT_WAIT = 10.0
 def uses_mpirun(launcher: str | None) -> bool:
     """Whether ranks are started by mpirun rather than one process per task."""
     return launcher == "mpi"
-
-
-def record(
-    rank: RankSpec, status: str, result: bytes | None, failure: WorkerFailure | None
-) -> dict[str, Any]:
-    """A task record, as the torch path yields them."""
-    return {
-        "index": rank.task.index,
-        "rank": rank.rank,
-        "status": status,
-        "result": result,
-        "failure": failure.to_json() if failure else None,
-    }
-
-
-def _clip(lines: Any, n: int = TAIL_LINES) -> list[str]:
-    return [str(line)[:2000] for line in list(lines)[-n:]]
 
 
 class MpiTask:
@@ -136,7 +115,7 @@ class MpiTask:
         """The environment of mpirun or a daemon on ``host``, inherited by its ranks."""
         env = dict(os.environ)
         env.update(self.config.env)
-        env.update(self.sup.common_env(self.workdir / "payload.pkl"))
+        env.update(self.sup.common_env(self.workdir))
         table = {}
         for rank in self.spec.on_host(host):
             row = rank_env(self.spec, rank, self.config)
@@ -162,53 +141,43 @@ class MpiTask:
 
     def run(self) -> list[dict[str, Any]]:
         """Play this task's role until the run is over; the launcher returns every record."""
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"sparktrain-{self.sup.job.run_id}-"))
-        try:
-            (self.workdir / "payload.pkl").write_bytes(self.sup.job.payload)
-            if self.launches:
-                self._start_mpirun()
-            else:
-                self._join_launcher()
-            self._loop()
-            return self._records() if self.launches else []
-        finally:
-            live = [p for _, p in self.daemons.values() if p.proc.poll() is None]
-            if self.mpirun is not None and self.mpirun.proc.poll() is None:
-                live.append(self.mpirun)
-            stop_all(live, self.grace)
-            for host in {h for h, _ in self.spec.hosts()}:
-                self._reap(host)
-            if self.link is not None:
-                self.link.close()
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        with self.sup.workdir() as workdir:
+            self.workdir = workdir
+            try:
+                if self.launches:
+                    self._start_mpirun()
+                else:
+                    self._join_launcher()
+                self._loop()
+                return self._records() if self.launches else []
+            finally:
+                stop_all([p for p in self._launchers() if p.proc.poll() is None], self.grace)
+                for host, _ in self.spec.hosts():
+                    self._reap(host)
+                if self.link is not None:
+                    self.link.close()
+
+    def _launchers(self) -> list[RankProcess]:
+        """mpirun and the daemons this task started (ended or not)."""
+        procs = [p for _, p in self.daemons.values()]
+        return procs if self.mpirun is None else [*procs, self.mpirun]
+
+    def _guarded(
+        self, key: int, command: list[str], env: dict[str, str], on_line: Callable[[int, str], None]
+    ) -> RankProcess:
+        """Start mpirun or a daemon under the guard that ties it to this task."""
+        argv = [sys.executable, "-m", "sparktrain.task.guard", *command]
+        return RankProcess(
+            key, argv, env, str(self.workdir), on_line=on_line, on_exit=self.sup.on_exit
+        )
 
     def _start_mpirun(self) -> None:
-        env = self.host_env(self.spec.ranks[0].task.host)
-        env[mpi.PEERS_ENV] = json.dumps(self.peers())
-        argv = [
-            sys.executable,
-            "-m",
-            "sparktrain.task.guard",
-            *mpi.mpirun_command(self.spec, grace_period=self.config.grace_period),
-        ]
-        self.mpirun = RankProcess(
-            MPIRUN,
-            argv,
-            env,
-            str(self.workdir),
-            on_line=self._on_mpirun_line,
-            on_exit=lambda key, code: self.events.put(("exit", key, code)),
-        )
         first = self.spec.ranks[0]
-        self.sup.send(
-            {
-                "type": "started",
-                "rank": 0,
-                "pid": self.mpirun.pid,
-                "host": first.task.host,
-                "index": first.task.index,
-            }
-        )
+        env = self.host_env(first.task.host)
+        env[mpi.PEERS_ENV] = json.dumps(self.peers())
+        command = mpi.mpirun_command(self.spec, grace_period=self.config.grace_period)
+        self.mpirun = self._guarded(MPIRUN, command, env, self._on_mpirun_line)
+        self.sup.started(first, self.mpirun.pid)
 
     def _join_launcher(self) -> None:
         task = self.spec.ranks[0].task
@@ -266,9 +235,7 @@ class MpiTask:
         if self.stopping:
             return
         self.stopping = True
-        live = [p for _, p in self.daemons.values()]
-        if self.mpirun is not None:
-            live.append(self.mpirun)
+        live = self._launchers()
         threading.Thread(target=stop_all, args=(live, self.grace), daemon=True).start()
 
     @property
@@ -329,18 +296,12 @@ class MpiTask:
                 "type": "host_done",
                 "host": host,
                 "code": code,
-                "errors": self._errors_on(host),
-                "tail": _clip(proc.tail),
+                "errors": {
+                    str(r): e for r, e in read_errors(self.workdir, self.spec.on_host(host)).items()
+                },
+                "tail": clip(proc.tail),
             }
         )
-
-    def _errors_on(self, host: str) -> dict[str, Any]:
-        errors: dict[str, Any] = {}
-        for rank in self.spec.on_host(host):
-            path = self.workdir / f"error-{rank.rank}.json"
-            if path.exists():
-                errors[str(rank.rank)] = json.loads(path.read_text(encoding="utf-8"))
-        return errors
 
     def _report(self, message: dict[str, Any]) -> None:
         """Tell the launcher about this task's daemon (itself, when it is the launcher)."""
@@ -392,15 +353,7 @@ class MpiTask:
         def on_line(_key: int, line: str) -> None:
             self.server.send(conn_id, {"type": "rsh_output", "line": line})
 
-        argv = [sys.executable, "-m", "sparktrain.task.guard", "/bin/sh", "-c", command]
-        proc = RankProcess(
-            conn_id,
-            argv,
-            self.host_env(host),
-            str(self.workdir),
-            on_line=on_line,
-            on_exit=lambda key, code: self.events.put(("exit", key, code)),
-        )
+        proc = self._guarded(conn_id, ["/bin/sh", "-c", command], self.host_env(host), on_line)
         self.daemons[conn_id] = (host, proc)
         self._report({"type": "daemon_started", "host": host})
 
@@ -414,71 +367,18 @@ class MpiTask:
         for report in self.reports.values():
             errors.update({int(r): e for r, e in report.get("errors", {}).items()})
             own.extend(report.get("tail", []))
-        errors.update({int(r): e for r, e in self._errors_on(self.spec.ranks[0].task.host).items()})
-        stopped = self.mpirun.stopped_by_supervisor
-        end = self.mpirun.exit_time or time.time()
-        records = []
-        for rank in self.spec.ranks:
-            base: dict[str, Any] = {
-                "rank": rank.rank,
-                "host": rank.task.host,
-                "output_tail": tuple(self.tails.get(rank.rank, ())),
-                "exit_code": exits.get(rank.rank, self.mpirun_code),
-                "time": end,
-            }
-            failure: WorkerFailure | None = None
-            data = errors.get(rank.rank)
-            if data is not None:
-                failure = WorkerFailure(
-                    exc_type=data.get("exc_type"),
-                    message=data.get("message", ""),
-                    traceback=data.get("traceback"),
-                    phase=data.get("phase", "run"),
-                    user_error=bool(data.get("user_error")),
-                    **{
-                        **base,
-                        "exit_code": exits.get(rank.rank, 1),
-                        "time": float(data.get("time", end)),
-                    },
-                )
-            elif rank.rank in exits:
-                failure = WorkerFailure(phase="lost", **base)
-            elif self.mpirun_code == 0:
-                if rank.rank == 0:
-                    result = self.workdir / "result.pkl"
-                    if result.exists():
-                        records.append(record(rank, "ok", result.read_bytes(), None))
-                        continue
-                    failure = WorkerFailure(
-                        message="the process exited with code 0 but wrote no result "
-                        "(did the function call os._exit?)",
-                        phase="lost",
-                        **base,
-                    )
-                else:
-                    records.append(record(rank, "ok", None, None))
-                    continue
-            if failure is None:
-                records.append(record(rank, "stopped", None, None))
-            else:
-                records.append(record(rank, "stopped" if stopped else "failed", None, failure))
-        if (
-            self.mpirun_code != 0
-            and not stopped
-            and not any(r["status"] == "failed" for r in records)
-        ):
-            # mpirun itself failed (a daemon did not start, a bad host...): say so on rank 0.
-            first = self.spec.ranks[0]
-            failure = WorkerFailure(
-                rank=0,
-                host=first.task.host,
-                exit_code=self.mpirun_code,
-                phase="lost",
-                message=f"mpirun exited with code {self.mpirun_code} (its output follows)",
-                output_tail=tuple(_clip(own)),
-                time=end,
-            )
-            records[0] = record(first, "failed", None, failure)
+        errors.update(read_errors(self.workdir, self.spec.on_host(self.spec.ranks[0].task.host)))
+        records = mpi_records(
+            self.spec,
+            self.workdir,
+            code=self.mpirun_code,
+            stopped=self.mpirun.stopped_by_supervisor,
+            end=self.mpirun.exit_time or time.time(),
+            exits=exits,
+            errors=errors,
+            tails=self.tails,
+            launcher_output=own,
+        )
         for rec in records:
             if rec["status"] == "failed":
                 self.sup.send({"type": "failure", "failure": rec["failure"]})

@@ -1,0 +1,184 @@
+"""Task records: what each rank left behind, turned into the record its task yields.
+
+A rank leaves its exit code, its last lines of output and, in the task's working folder,
+``error-<rank>.json`` when it failed in Python or ``result.pkl`` (rank 0) when it succeeded
+(see :mod:`sparktrain.worker.bootstrap`). A record is the plain dict the driver collects:
+``index``, ``rank``, ``status`` ("ok", "failed" or "stopped"), ``result`` (rank 0's pickled
+value) and ``failure`` (a :class:`WorkerFailure` as JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sparktrain.cluster import ClusterSpec, RankSpec
+from sparktrain.errors import WorkerFailure
+from sparktrain.task.supervise import TAIL_LINES
+
+RESULT_FILE = "result.pkl"
+NO_RESULT = "the process exited with code 0 but wrote no result (did the function call os._exit?)"
+
+
+def error_file(workdir: Path, rank: int) -> Path:
+    """Where ``rank`` writes its error record when it fails in Python."""
+    return workdir / f"error-{rank}.json"
+
+
+def record(
+    rank: RankSpec,
+    status: str,
+    result: bytes | None = None,
+    failure: WorkerFailure | None = None,
+) -> dict[str, Any]:
+    """A task record, as the driver collects them."""
+    return {
+        "index": rank.task.index,
+        "rank": rank.rank,
+        "status": status,
+        "result": result,
+        "failure": failure.to_json() if failure else None,
+    }
+
+
+def clip(lines: Iterable[Any], n: int = TAIL_LINES) -> list[str]:
+    """The last ``n`` lines, each cut to a sane length (they travel in messages)."""
+    return [str(line)[:2000] for line in list(lines)[-n:]]
+
+
+def read_errors(workdir: Path, ranks: Iterable[RankSpec]) -> dict[int, dict[str, Any]]:
+    """The error records that ``ranks`` wrote in ``workdir``, by rank."""
+    errors = {}
+    for rank in ranks:
+        path = error_file(workdir, rank.rank)
+        if path.exists():
+            errors[rank.rank] = json.loads(path.read_text(encoding="utf-8"))
+    return errors
+
+
+def _from_error(data: Mapping[str, Any], base: WorkerFailure) -> WorkerFailure:
+    """``base`` completed with what the rank wrote about its own failure."""
+    return dataclasses.replace(
+        base,
+        exc_type=data.get("exc_type"),
+        message=data.get("message", ""),
+        traceback=data.get("traceback"),
+        phase=data.get("phase", "run"),
+        user_error=bool(data.get("user_error")),
+        time=float(data.get("time", base.time)),
+    )
+
+
+def _exited_cleanly(rank: RankSpec, workdir: Path, base: WorkerFailure) -> dict[str, Any]:
+    """The record of a rank that exited 0: ok, unless rank 0 wrote no result."""
+    if rank.rank != 0:
+        return record(rank, "ok")
+    result = workdir / RESULT_FILE
+    if not result.exists():
+        return record(rank, "failed", failure=dataclasses.replace(base, message=NO_RESULT))
+    return record(rank, "ok", result.read_bytes())
+
+
+def rank_record(
+    rank: RankSpec,
+    workdir: Path,
+    code: int,
+    output_tail: Iterable[str],
+    end: float,
+    stopped: bool,
+) -> dict[str, Any]:
+    """The record of one rank that ran as its own process (the torch path).
+
+    Args:
+        rank: the rank.
+        workdir: the folder it wrote its error or result file in.
+        code: its exit code (negative: killed by that signal).
+        output_tail: its last lines of output.
+        end: when it ended (wall clock).
+        stopped: whether the supervisor stopped it; its failure then is no root cause.
+    """
+    base = WorkerFailure(
+        rank=rank.rank,
+        host=rank.task.host,
+        exit_code=code,
+        output_tail=tuple(output_tail),
+        time=end,
+        phase="lost",
+    )
+    data = read_errors(workdir, [rank]).get(rank.rank)
+    if data is not None:
+        rec = record(rank, "failed", failure=_from_error(data, base))
+    elif code != 0:
+        rec = record(rank, "failed", failure=base)
+    else:
+        rec = _exited_cleanly(rank, workdir, base)
+    if stopped and rec["status"] == "failed":
+        rec["status"] = "stopped"
+    return rec
+
+
+def mpi_records(
+    spec: ClusterSpec,
+    workdir: Path,
+    *,
+    code: int,
+    stopped: bool,
+    end: float,
+    exits: Mapping[int, int],
+    errors: Mapping[int, Mapping[str, Any]],
+    tails: Mapping[int, Iterable[str]],
+    launcher_output: Iterable[str],
+) -> list[dict[str, Any]]:
+    """Every rank's record once mpirun has ended.
+
+    Args:
+        spec: the job's layout.
+        workdir: the launcher's folder (rank 0 writes its result there).
+        code: mpirun's exit code.
+        stopped: whether the supervisor stopped mpirun (failures then are no root cause).
+        end: when mpirun ended (wall clock).
+        exits: the ranks mpirun reported as ended abnormally, with their exit codes.
+        errors: the error records the ranks wrote, from every host.
+        tails: each rank's last lines of output.
+        launcher_output: mpirun's and the daemons' own output, for when mpirun itself failed.
+    """
+    records = []
+    for rank in spec.ranks:
+        base = WorkerFailure(
+            rank=rank.rank,
+            host=rank.task.host,
+            exit_code=exits.get(rank.rank, code),
+            output_tail=tuple(tails.get(rank.rank, ())),
+            time=end,
+            phase="lost",
+        )
+        data = errors.get(rank.rank)
+        if data is not None:
+            base = dataclasses.replace(base, exit_code=exits.get(rank.rank, 1))
+            rec = record(rank, "failed", failure=_from_error(data, base))
+        elif rank.rank in exits:
+            rec = record(rank, "failed", failure=base)
+        elif code == 0:
+            rec = _exited_cleanly(rank, workdir, base)
+        else:
+            rec = record(rank, "stopped")
+        if stopped and rec["status"] == "failed":
+            rec["status"] = "stopped"
+        records.append(rec)
+    if code != 0 and not stopped and not any(r["status"] == "failed" for r in records):
+        # mpirun itself failed (a daemon did not start, a bad host...): say so on rank 0.
+        first = spec.ranks[0]
+        failure = WorkerFailure(
+            rank=first.rank,
+            host=first.task.host,
+            exit_code=code,
+            phase="lost",
+            message=f"mpirun exited with code {code} (its output follows)",
+            output_tail=tuple(clip(launcher_output)),
+            time=end,
+        )
+        records[0] = record(first, "failed", failure=failure)
+    return records
