@@ -98,7 +98,8 @@ def rank_record(
         code: its exit code (negative: killed by that signal).
         output_tail: its last lines of output.
         end: when it ended (wall clock).
-        stopped: whether the supervisor stopped it; its failure then is no root cause.
+        stopped: whether the supervisor stopped it; unless it wrote an error record of its
+            own, its end is then no failure.
     """
     base = WorkerFailure(
         rank=rank.rank,
@@ -115,7 +116,9 @@ def rank_record(
         rec = record(rank, "failed", failure=base)
     else:
         rec = _exited_cleanly(rank, workdir, base)
-    if stopped and rec["status"] == "failed":
+    if stopped and rec["status"] == "failed" and data is None:
+        # Ended by our signal. A rank that wrote its own error record failed by itself,
+        # even if the stop arrived while it was exiting; its time decides the root cause.
         rec["status"] = "stopped"
     return rec
 
@@ -165,7 +168,7 @@ def mpi_records(
             rec = _exited_cleanly(rank, workdir, base)
         else:
             rec = record(rank, "stopped")
-        if stopped and rec["status"] == "failed":
+        if stopped and rec["status"] == "failed" and data is None:
             rec["status"] = "stopped"
         records.append(rec)
     if code != 0 and not stopped and not any(r["status"] == "failed" for r in records):

@@ -1,0 +1,43 @@
+"""How a rank's end becomes its record: failed, stopped or ok."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparktrain.cluster import TaskInfo, build_cluster_spec
+from sparktrain.task.records import rank_record
+
+
+@pytest.fixture
+def rank():
+    return build_cluster_spec([TaskInfo(index=0, host="h", port=1),
+                               TaskInfo(index=1, host="h", port=0)]).ranks[1]
+
+
+def write_error(workdir: Path, rank: int, time: float) -> None:
+    (workdir / f"error-{rank}.json").write_text(json.dumps({
+        "exc_type": "RuntimeError", "message": "boom", "traceback": "Traceback...",
+        "time": time, "phase": "run", "user_error": True}))
+
+
+@pytest.mark.parametrize(
+    "code, error, stopped, status",
+    [
+        (0, False, False, "ok"),
+        (1, True, False, "failed"),
+        (-9, False, False, "failed"),  # killed by something else
+        (-15, False, True, "stopped"),  # our SIGTERM, nothing written
+        (1, True, True, "failed"),  # it failed by itself while the stop arrived
+    ],
+)
+def test_status(rank, tmp_path, code, error, stopped, status):
+    if error:
+        write_error(tmp_path, rank.rank, time=5.0)
+    record = rank_record(rank, tmp_path, code, ["line"], end=9.0, stopped=stopped)
+    assert record["status"] == status
+    if status == "failed" and error:
+        assert record["failure"]["time"] == 5.0  # the worker's own time, for root causes
+        assert record["failure"]["exc_type"] == "RuntimeError"
