@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         peer = TorchDistributor(num_processes=2, local_mode=local, use_gpu=False)
         # TorchDistributor returns the output of whichever local rank wrote last (see notes).
         peer_expect = None if (local and fn is noop) else expect
+
         def run_ours(ours: SparkRunner = ours, fn: Callable[..., Any] = fn) -> Any:
             return ours.run(fn)
 
@@ -102,20 +103,34 @@ def main(argv: list[str] | None = None) -> None:
             peer_cold, peer_warm = _unchecked(run_peer, args.repeats)
         else:
             peer_cold, peer_warm = measure(run_peer, args.repeats, peer_expect)
-        rows.append((name, where, ours_cold, statistics.median(ours_warm), peer_cold,
-                     statistics.median(peer_warm)))
+        rows.append(
+            (
+                name,
+                where,
+                ours_cold,
+                statistics.median(ours_warm),
+                peer_cold,
+                statistics.median(peer_warm),
+            )
+        )
     spark.stop()
 
-    header = (f"{'function':<18} {'where':<16} {'sparktrain cold':>15} {'sparktrain warm':>15} "
-              f"{'TorchDistributor cold':>21} {'TorchDistributor warm':>21} {'warm ratio':>10}")
+    header = (
+        f"{'function':<18} {'where':<16} {'sparktrain cold':>15} {'sparktrain warm':>15} "
+        f"{'TorchDistributor cold':>21} {'TorchDistributor warm':>21} {'warm ratio':>10}"
+    )
     print()
-    print(f"launch time, seconds (median of {args.repeats} warm runs; ratio = "
-          "TorchDistributor / sparktrain, higher is better for sparktrain)")
+    print(
+        f"launch time, seconds (median of {args.repeats} warm runs; ratio = "
+        "TorchDistributor / sparktrain, higher is better for sparktrain)"
+    )
     print(header)
     print("-" * len(header))
     for name, where, oc, ow, pc, pw in rows:
-        print(f"{name:<18} {where:<16} {oc:>15.2f} {ow:>15.2f} {pc:>21.2f} {pw:>21.2f} "
-              f"{pw / ow:>9.1f}x")
+        print(
+            f"{name:<18} {where:<16} {oc:>15.2f} {ow:>15.2f} {pc:>21.2f} {pw:>21.2f} "
+            f"{pw / ow:>9.1f}x"
+        )
 
 
 def _unchecked(call: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:

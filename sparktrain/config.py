@@ -139,8 +139,12 @@ class RunConfig:
             value = getattr(self, name)
             if value is None and name == "timeout":
                 continue
-            if (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-                    or not math.isfinite(value)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value <= 0
+                or not math.isfinite(value)
+            ):
                 raise ConfigurationError(
                     f"{name} must be a positive number of seconds; got {value!r}"
                     f" (argument {name}=, or {conf_key(name)})"
@@ -149,8 +153,10 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive int; got {value!r}")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or (
-            self.max_restarts < 0
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or (self.max_restarts < 0)
         ):
             raise ConfigurationError(
                 f"max_restarts must be an integer >= 0; got {self.max_restarts!r}"
@@ -171,9 +177,7 @@ class RunConfig:
                     f"env must map str to str; {key!r}: {value!r} is not (convert with str())"
                 )
             if key in RESERVED_ENV:
-                raise ConfigurationError(
-                    f"env may not set {key}: sparktrain sets it for each rank"
-                )
+                raise ConfigurationError(f"env may not set {key}: sparktrain sets it for each rank")
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
 
     @property

@@ -122,8 +122,14 @@ def _without_traceback(tail: list[str], traceback: str | None) -> list[str]:
     if not traceback:
         return tail
     tb_lines = set(traceback.rstrip().splitlines())
-    start = next((i for i in range(len(tail) - 1, -1, -1)
-                  if tail[i].startswith("Traceback (most recent call last)")), None)
+    start = next(
+        (
+            i
+            for i in range(len(tail) - 1, -1, -1)
+            if tail[i].startswith("Traceback (most recent call last)")
+        ),
+        None,
+    )
     if start is None:
         # The tail may hold only the end of a long traceback.
         start = len(tail)

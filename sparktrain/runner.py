@@ -128,8 +128,11 @@ class SparkRunner:
                 "this SparkSession is a Spark Connect client; sparktrain needs a classic "
                 "session with a SparkContext (run on the cluster's driver)"
             )
-        conf = {k: v for k, v in session.sparkContext.getConf().getAll()
-                if k.startswith("spark.sparktrain.")}
+        conf = {
+            k: v
+            for k, v in session.sparkContext.getConf().getAll()
+            if k.startswith("spark.sparktrain.")
+        }
         return RunConfig.resolve(self.np, self._overrides, spark_conf=conf)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -165,14 +168,17 @@ class SparkRunner:
             hook = cloudpickle.dumps(self._pre_rendezvous_hook)
         self.history = []
         self.attempts = []
-        self.progress = Progress(total=self._total_epochs,
-                                 unit="epoch" if self._total_epochs else "report",
-                                 display=self._show_progress)
+        self.progress = Progress(
+            total=self._total_epochs,
+            unit="epoch" if self._total_epochs else "report",
+            display=self._show_progress,
+        )
         tracker = MlflowTracker.maybe_create()
         succeeded = False
         try:
-            result = self._run_attempts(session, config, payload, hook,
-                                        getattr(fn, "__name__", "function"), tracker)
+            result = self._run_attempts(
+                session, config, payload, hook, getattr(fn, "__name__", "function"), tracker
+            )
             succeeded = True
             return result
         finally:
@@ -180,18 +186,33 @@ class SparkRunner:
             if tracker is not None:
                 tracker.finish(self._checkpoint_dir if succeeded else None)
 
-    def _run_attempts(self, session: Any, config: RunConfig, payload: bytes,
-                      hook: bytes | None, name: str, tracker: MlflowTracker | None) -> Any:
+    def _run_attempts(
+        self,
+        session: Any,
+        config: RunConfig,
+        payload: bytes,
+        hook: bytes | None,
+        name: str,
+        tracker: MlflowTracker | None,
+    ) -> Any:
         """Launch, and launch again after restartable failures, up to ``max_restarts``."""
-        job = TaskJob(run_id=uuid.uuid4().hex[:12], attempt=0, config=config.to_json(),
-                      channel="", key=b"", payload=payload, hook=hook)
+        job = TaskJob(
+            run_id=uuid.uuid4().hex[:12],
+            attempt=0,
+            config=config.to_json(),
+            channel="",
+            key=b"",
+            payload=payload,
+            hook=hook,
+        )
         since: float | None = None
         while True:
             if session is not None:
                 from sparktrain.driver.capacity import check_capacity
 
-                check_capacity(session.sparkContext, config.world_size, config.capacity_wait,
-                               since=since)
+                check_capacity(
+                    session.sparkContext, config.world_size, config.capacity_wait, since=since
+                )
             try:
                 return _rank0_result(self._attempt(session, config, job, name, tracker))
             except (WorkerFailedError, RendezvousTimeoutError) as exc:
@@ -200,8 +221,11 @@ class SparkRunner:
                 if job.attempt >= config.max_restarts or not _restartable(exc, config):
                     raise
                 total = config.max_restarts + 1
-                print(f"sparktrain: attempt {job.attempt + 1}/{total} failed: {cause}; "
-                      f"starting attempt {job.attempt + 2}/{total}", flush=True)
+                print(
+                    f"sparktrain: attempt {job.attempt + 1}/{total} failed: {cause}; "
+                    f"starting attempt {job.attempt + 2}/{total}",
+                    flush=True,
+                )
                 job = dataclasses.replace(job, attempt=job.attempt + 1)
                 # Executors lost with the failed attempt get time to come back.
                 since = time.time()
@@ -213,8 +237,14 @@ class SparkRunner:
         if tracker is not None:
             tracker.on_report(message)
 
-    def _attempt(self, session: Any, config: RunConfig, job: TaskJob, name: str,
-                 tracker: MlflowTracker | None) -> list[dict[str, Any]]:
+    def _attempt(
+        self,
+        session: Any,
+        config: RunConfig,
+        job: TaskJob,
+        name: str,
+        tracker: MlflowTracker | None,
+    ) -> list[dict[str, Any]]:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
         bind, advertise = _channel_address(session)
@@ -225,8 +255,12 @@ class SparkRunner:
                 description += f" (attempt {job.attempt + 1})"
             launch = _launch(session, job, description)
             assert self.progress is not None
-            monitor = RunMonitor(config, server, out=self.progress.wrap(sys.stdout),
-                                 on_report=lambda message: self._on_report(message, tracker))
+            monitor = RunMonitor(
+                config,
+                server,
+                out=self.progress.wrap(sys.stdout),
+                on_report=lambda message: self._on_report(message, tracker),
+            )
             return monitor.watch(launch)
 
 
@@ -271,8 +305,9 @@ class HorovodRunner(SparkRunner):
         >>> HorovodRunner(np=2).run(train_hvd, learning_rate=0.001)
     """
 
-    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only",
-                 **settings: Any) -> None:
+    def __init__(
+        self, *, np: int, driver_log_verbosity: str = "log_callback_only", **settings: Any
+    ) -> None:
         settings.setdefault("backend", "horovod")
         super().__init__(np, driver_log_verbosity=driver_log_verbosity, **settings)
 

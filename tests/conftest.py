@@ -57,8 +57,9 @@ def spark():
         yield session
         session.stop()
     # conf/gpu-discovery.sh hands out fake GPU ids under a folder named after the JVM.
-    shutil.rmtree(Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{jvm_pid}",
-                  ignore_errors=True)
+    shutil.rmtree(
+        Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{jvm_pid}", ignore_errors=True
+    )
 
 
 @pytest.fixture(params=["local", "spark"])

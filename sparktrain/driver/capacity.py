@@ -83,8 +83,9 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
         time.sleep(POLL_INTERVAL)  # executors register with no event Python can wait on
     task_cpus = conf.get("spark.task.cpus", "1")
     gpus = conf.get("spark.task.resource.gpu.amount")
-    per_task = f"spark.task.cpus={task_cpus}" + (f", spark.task.resource.gpu.amount={gpus}"
-                                                  if gpus else "")
+    per_task = f"spark.task.cpus={task_cpus}" + (
+        f", spark.task.resource.gpu.amount={gpus}" if gpus else ""
+    )
     lower = f"Lower np to {total} or less, or add" if total > 0 else "Add"
     raise CapacityError(
         f"np={n} needs {n} task slots at once (barrier mode), but the cluster has {total} "

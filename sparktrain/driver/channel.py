@@ -49,8 +49,9 @@ class ChannelServer:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
-        self._acceptor = threading.Thread(target=self._accept, name="sparktrain-channel",
-                                          daemon=True)
+        self._acceptor = threading.Thread(
+            target=self._accept, name="sparktrain-channel", daemon=True
+        )
         self._acceptor.start()
 
     @property

@@ -16,8 +16,9 @@ class LocalLaunch:
         self.job = job
         self._thread: threading.Thread | None = None
 
-    def start(self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
-              ) -> None:
+    def start(
+        self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+    ) -> None:
         def body() -> None:
             try:
                 records = run_local(self.job)

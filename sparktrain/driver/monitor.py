@@ -33,8 +33,9 @@ CANCEL_WAIT = 15.0
 class Launch(Protocol):
     """A started set of tasks: Spark barrier tasks or the local supervisor."""
 
-    def start(self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
-              ) -> None:
+    def start(
+        self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+    ) -> None:
         """Start; call ``done(records, error)`` exactly once, from any thread, when over."""
 
     def cancel(self) -> None:
@@ -90,8 +91,11 @@ class RunMonitor:
             KeyboardInterrupt: re-raised after every task has been stopped.
         """
         events = self.server.events
-        launch.start(lambda records, error: events.put((0, {"type": DONE, "records": records,
-                                                             "error": error})))
+        launch.start(
+            lambda records, error: events.put(
+                (0, {"type": DONE, "records": records, "error": error})
+            )
+        )
         t0 = time.monotonic()
         rendezvous_deadline = t0 + self.config.start_timeout
         run_deadline = t0 + self.config.timeout if self.config.timeout else None
@@ -116,22 +120,30 @@ class RunMonitor:
                     now = time.monotonic()
                     if cancel_deadline is not None and now >= cancel_deadline:
                         if done is None:
-                            self._print("sparktrain: tasks did not confirm their end after "
-                                        "cancellation; giving up on them")
+                            self._print(
+                                "sparktrain: tasks did not confirm their end after "
+                                "cancellation; giving up on them"
+                            )
                         done = done or {"records": None, "error": None}
                         break
                     if stop_deadline is not None and now >= stop_deadline:
                         stop_deadline, cancel_deadline = None, self._cancel(launch)
                         run_deadline = None
-                    elif self.stop_reason is None and len(self.arrived) < self.n and (
-                        now >= rendezvous_deadline
+                    elif (
+                        self.stop_reason is None
+                        and len(self.arrived) < self.n
+                        and (now >= rendezvous_deadline)
                     ):
                         stop_deadline = self._stop(self._rendezvous_timeout(), launch)
                     elif run_deadline is not None and now >= run_deadline:
                         run_deadline = None
-                        stop_deadline = self._stop(RunTimeoutError(
-                            f"the run exceeded timeout={self.config.timeout:g}s "
-                            f"({conf_key('timeout')}); every rank was stopped"), launch)
+                        stop_deadline = self._stop(
+                            RunTimeoutError(
+                                f"the run exceeded timeout={self.config.timeout:g}s "
+                                f"({conf_key('timeout')}); every rank was stopped"
+                            ),
+                            launch,
+                        )
                     continue
                 if message.get("type") == DONE:
                     done = message
@@ -144,8 +156,9 @@ class RunMonitor:
                     launch.cancel()
                     raise
                 interrupted = True
-                self._print("sparktrain: interrupted; stopping every rank (Ctrl-C again to "
-                            "cancel at once)")
+                self._print(
+                    "sparktrain: interrupted; stopping every rank (Ctrl-C again to cancel at once)"
+                )
                 stop_deadline = self._stop(SparkTrainError("interrupted"), launch)
             if stop_deadline is not None and (self.exited >= self.arrived or not self.started):
                 # Every task has confirmed its ranks are gone (or none ever started, as when
@@ -164,8 +177,9 @@ class RunMonitor:
         """Ask every task to stop its ranks; returns the deadline for them to confirm."""
         self.stop_error = error
         self.stop_reason = str(error) if error else "stopping"
-        self.server.broadcast({"type": "abort", "reason": self.stop_reason},
-                              list(self.task_conns.values()))
+        self.server.broadcast(
+            {"type": "abort", "reason": self.stop_reason}, list(self.task_conns.values())
+        )
         return time.monotonic() + self.config.grace_period + STOP_SLACK
 
     def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
@@ -196,9 +210,12 @@ class RunMonitor:
                 if self.stop_reason is None:
                     ranks = [r for r, m in self.started.items() if m.get("index") == index]
                     failure = WorkerFailure(
-                        rank=ranks[0] if ranks else index, phase="lost", time=time.time(),
+                        rank=ranks[0] if ranks else index,
+                        phase="lost",
+                        time=time.time(),
                         message="its Spark task vanished (executor lost or Python worker "
-                        "killed) before the rank finished")
+                        "killed) before the rank finished",
+                    )
                     self.failures.setdefault(index, failure)
                     return WorkerFailedError(self.failures)
         return None
@@ -225,7 +242,8 @@ class RunMonitor:
             raise self.stop_error
         error = done.get("error")
         if error is not None:
-            failure = WorkerFailure(rank=-1, phase="lost", time=time.time(),
-                                    message=launch.describe_error(error))
+            failure = WorkerFailure(
+                rank=-1, phase="lost", time=time.time(), message=launch.describe_error(error)
+            )
             raise WorkerFailedError({-1: failure}) from error
         return records

@@ -83,8 +83,11 @@ def _adopt_mpi_rank() -> None:
     os.environ.update(table[rank])
     size = os.environ.get("OMPI_COMM_WORLD_SIZE")
     if size is not None and size != os.environ.get("WORLD_SIZE"):
-        raise SparkTrainError(f"mpirun started {size} ranks, sparktrain planned "
-                              f"{os.environ.get('WORLD_SIZE')}")
+        raise SparkTrainError(
+            f"mpirun started {size} ranks, sparktrain planned {os.environ.get('WORLD_SIZE')}"
+        )
+
+
 GRACE_ENV = "_SPARKTRAIN_GRACE"
 
 
@@ -113,8 +116,9 @@ def _watch_parent() -> None:
     """Kill this process group as soon as the supervisor is gone."""
     fd_text = os.environ.get(PARENT_FD_ENV)
     if fd_text:
-        watch_lifeline(int(fd_text), float(os.environ.get(GRACE_ENV, "10")),
-                       "sparktrain-parent-watch")
+        watch_lifeline(
+            int(fd_text), float(os.environ.get(GRACE_ENV, "10")), "sparktrain-parent-watch"
+        )
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

@@ -118,8 +118,10 @@ def _client() -> wire.ChannelClient | None:
             try:
                 client = wire.ChannelClient(address, bytes.fromhex(key), timeout=10.0)
             except OSError as exc:
-                print(f"sparktrain: cannot reach the driver ({exc}); messages stay local",
-                      file=sys.stderr)
+                print(
+                    f"sparktrain: cannot reach the driver ({exc}); messages stay local",
+                    file=sys.stderr,
+                )
         _client_state["client"] = client
         return client
 
@@ -179,8 +181,16 @@ def report(*, step: int | None = None, epoch: int | None = None, **metrics: floa
             continue
         if math.isfinite(number):
             clean[name] = number
-    message = {"type": "report", "rank": rank(), "step": _as_int(step), "epoch": _as_int(epoch),
-               "metrics": clean}
+    message = {
+        "type": "report",
+        "rank": rank(),
+        "step": _as_int(step),
+        "epoch": _as_int(epoch),
+        "metrics": clean,
+    }
     if not _send(message) and rank() == 0:
-        print("sparktrain.report " + json.dumps({k: v for k, v in message.items()
-                                                  if k not in ("type",)}), flush=True)
+        print(
+            "sparktrain.report "
+            + json.dumps({k: v for k, v in message.items() if k not in ("type",)}),
+            flush=True,
+        )

@@ -19,10 +19,19 @@ HOROVOD = importlib.util.find_spec("horovod") is not None
 
 backends = pytest.mark.parametrize(
     "backend",
-    ["torch", pytest.param("horovod", marks=[
-        pytest.mark.horovod,
-        pytest.mark.skipif(not HOROVOD, reason="Horovod is not installed "
-                           "(scripts/install-horovod.sh builds it)")])],
+    [
+        "torch",
+        pytest.param(
+            "horovod",
+            marks=[
+                pytest.mark.horovod,
+                pytest.mark.skipif(
+                    not HOROVOD,
+                    reason="Horovod is not installed (scripts/install-horovod.sh builds it)",
+                ),
+            ],
+        ),
+    ],
 )
 
 
@@ -37,8 +46,15 @@ def test_killed_rank_restarts_and_resumes_exact_steps(mode, backend, tmp_path, c
     ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
     logs.mkdir()
     runner = SparkRunner(np=ranks(mode, 2), backend=backend, max_restarts=2, grace_period=2)
-    result = runner.run(resumable.resumable, str(ckpt), str(logs), backend=backend,
-                        epochs=4, steps_per_epoch=5, kill_at=(2, 2))
+    result = runner.run(
+        resumable.resumable,
+        str(ckpt),
+        str(logs),
+        backend=backend,
+        epochs=4,
+        steps_per_epoch=5,
+        kill_at=(2, 2),
+    )
     # 4 epochs x 5 steps, exactly: epoch 2 restarted from its checkpoint, nothing repeated.
     assert result == {"steps": 20, "size": 2, "attempt": 1}
     assert epoch_log(logs) == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
@@ -71,8 +87,9 @@ def test_user_exception_restarts_when_asked(mode, tmp_path):
             raise ConnectionError("flaky storage")
         return sparktrain.attempt()
 
-    runner = SparkRunner(np=ranks(mode, 2), max_restarts=1, restart_on_user_error=True,
-                         grace_period=1)
+    runner = SparkRunner(
+        np=ranks(mode, 2), max_restarts=1, restart_on_user_error=True, grace_period=1
+    )
     assert runner.run(raises_in_first_attempt) == 1
     assert "ConnectionError: flaky storage" in runner.attempts[0]["cause"]
 
@@ -109,7 +126,8 @@ def test_should_stop_gives_a_grace_period(mode, tmp_path):
 
     with pytest.raises(RunTimeoutError):
         SparkRunner(np=ranks(mode, 2), timeout=8, grace_period=5).run(
-            saves_when_told, str(tmp_path / "state"))
+            saves_when_told, str(tmp_path / "state")
+        )
     assert (tmp_path / "state.0").read_text() == "saved"
     assert (tmp_path / "state.1").read_text() == "saved"
 
@@ -123,8 +141,14 @@ def test_lost_executor_restarts_on_replacement(tmp_path):
     executors."""
     script = ROOT / "tests" / "fixtures" / "scripts" / "executor_loss_job.py"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
-                          text=True, timeout=400, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "RESULT {'steps': 20, 'size': 2, 'attempt': 1}" in proc.stdout
     assert "attempt 1/3 failed" in proc.stdout

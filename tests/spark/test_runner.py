@@ -62,8 +62,9 @@ def test_log_callback_only_shows_only_driver_messages(mode, capsys):
 def test_failed_rank_stops_everything(mode, how, expected, tmp_path):
     start = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:
-        SparkRunner(np=ranks(mode, 2), grace_period=2).run(trainers.fail_on_rank,
-                                                            str(tmp_path), how)
+        SparkRunner(np=ranks(mode, 2), grace_period=2).run(
+            trainers.fail_on_rank, str(tmp_path), how
+        )
     elapsed = time.monotonic() - start
     error = info.value
     assert error.root_cause.rank == 1
@@ -105,7 +106,8 @@ def test_rank_that_never_reaches_rendezvous(mode):
 def test_run_timeout_stops_ranks(mode, tmp_path):
     with pytest.raises(RunTimeoutError, match="timeout=6s"):
         SparkRunner(np=ranks(mode, 2), timeout=6, grace_period=1).run(
-            trainers.block_forever, str(tmp_path))
+            trainers.block_forever, str(tmp_path)
+        )
     pids = recorded_pids(tmp_path)
     assert len(pids) == 2 and alive(pids) == []
 
@@ -235,7 +237,10 @@ def test_reports_show_progress_and_come_back_as_rows(mode, capsys):
     assert list(frame["epoch"]) == [0, 1, 2] and set(frame["rank"]) == {0}
     assert list(frame["loss"]) == pytest.approx([1.0, 0.5, 1 / 3])
     assert [m["metrics"]["accuracy"] for m in runner.history if m["rank"] == 0] == [
-        pytest.approx(0.5), pytest.approx(0.6), pytest.approx(0.7)]
+        pytest.approx(0.5),
+        pytest.approx(0.6),
+        pytest.approx(0.7),
+    ]
 
 
 def test_local_use_gpu_without_gpus_is_a_configuration_error(monkeypatch):

@@ -130,7 +130,9 @@ def test_other_output_around_the_traceback_is_kept() -> None:
     # The worker's own echo of its traceback is dropped; the lines around it stay.
     tb_lines = TRACEBACK.rstrip().splitlines()
     failure = WorkerFailure(
-        rank=0, exc_type="ValueError", traceback=TRACEBACK,
+        rank=0,
+        exc_type="ValueError",
+        traceback=TRACEBACK,
         output_tail=("before", *tb_lines, "after"),
     )
     text = failure.describe()

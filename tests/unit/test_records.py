@@ -13,14 +13,24 @@ from sparktrain.task.records import rank_record
 
 @pytest.fixture
 def rank():
-    return build_cluster_spec([TaskInfo(index=0, host="h", port=1),
-                               TaskInfo(index=1, host="h", port=0)]).ranks[1]
+    return build_cluster_spec(
+        [TaskInfo(index=0, host="h", port=1), TaskInfo(index=1, host="h", port=0)]
+    ).ranks[1]
 
 
 def write_error(workdir: Path, rank: int, time: float) -> None:
-    (workdir / f"error-{rank}.json").write_text(json.dumps({
-        "exc_type": "RuntimeError", "message": "boom", "traceback": "Traceback...",
-        "time": time, "phase": "run", "user_error": True}))
+    (workdir / f"error-{rank}.json").write_text(
+        json.dumps(
+            {
+                "exc_type": "RuntimeError",
+                "message": "boom",
+                "traceback": "Traceback...",
+                "time": time,
+                "phase": "run",
+                "user_error": True,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize(
