@@ -8,31 +8,45 @@ from typing import Any
 
 from sparktrain.task.entry import TaskJob, run_local
 
+Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+
 
 class LocalLaunch:
     """Runs :func:`sparktrain.task.entry.run_local` in a thread of the driver."""
 
     def __init__(self, job: TaskJob) -> None:
         self.job = job
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._done: Done | None = None
 
-    def start(
-        self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
-    ) -> None:
+    def _finish(self, records: list[dict[str, Any]] | None, error: BaseException | None) -> None:
+        with self._lock:
+            done, self._done = self._done, None
+        if done is not None:
+            done(records, error)
+
+    def start(self, done: Done) -> None:
+        self._done = done
+
         def body() -> None:
             try:
                 records = run_local(self.job)
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
-                done(None, exc)
+                self._finish(None, exc)
             else:
-                done(records, None)
+                self._finish(records, None)
 
-        self._thread = threading.Thread(target=body, name="sparktrain-local", daemon=True)
-        self._thread.start()
+        threading.Thread(target=body, name="sparktrain-local", daemon=True).start()
 
     def cancel(self) -> None:
-        """The supervisor has already been told to abort over the channel; nothing harder
-        is needed because it escalates to SIGKILL after the grace period itself."""
+        """Report the launch as ended now.
+
+        The monitor cancels once the supervisor has confirmed its ranks are gone, or when none
+        was started, or after the grace period (by then the supervisor, told to abort over the
+        channel, has escalated to SIGKILL); a supervisor thread still stuck before starting
+        any rank holds nothing that needs waiting for.
+        """
+        self._finish(None, None)
 
     def describe_error(self, error: BaseException) -> str:
         return f"the local supervisor failed: {type(error).__name__}: {error}"

@@ -144,13 +144,13 @@ class RunMonitor:
                             ),
                             launch,
                         )
-                    continue
-                if message.get("type") == DONE:
-                    done = message
                 else:
-                    stop = self._handle(conn_id, message)
-                    if stop is not None and self.stop_reason is None:
-                        stop_deadline = self._stop(stop, launch)
+                    if message.get("type") == DONE:
+                        done = message
+                    else:
+                        stop = self._handle(conn_id, message)
+                        if stop is not None and self.stop_reason is None:
+                            stop_deadline = self._stop(stop, launch)
             except KeyboardInterrupt:
                 if interrupted:
                     launch.cancel()
