@@ -43,6 +43,18 @@ class RunTimeoutError(SparkTrainError, TimeoutError):
     """The run took longer than its ``timeout``."""
 
 
+# What a collective raises when a peer is gone (Horovod, Gloo, NCCL, sockets).
+PEER_LOSS_SIGNS = (
+    "Horovod has been shut down",
+    "HorovodInternalError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "DistBackendError",
+    "NCCL communicator was aborted",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerFailure:
     """What is known about one rank that failed.
@@ -71,6 +83,15 @@ class WorkerFailure:
     time: float = 0.0
     user_error: bool = False
     phase: str = "run"
+
+    @property
+    def follows_peer_loss(self) -> bool:
+        """Whether this reads as a consequence of another rank going away (a collective that
+        lost its peer), which makes it a poor root cause even when it was seen first."""
+        if self.exc_type is None:
+            return False
+        text = f"{self.exc_type}: {self.message}"
+        return any(sign in text for sign in PEER_LOSS_SIGNS)
 
     @property
     def how(self) -> str:
@@ -142,11 +163,15 @@ def _without_traceback(tail: list[str], traceback: str | None) -> list[str]:
 
 
 class WorkerFailedError(SparkTrainError):
-    """One or more ranks failed; the root cause (earliest failure) comes first.
+    """One or more ranks failed; the root cause comes first.
+
+    The root cause is the earliest failure, except that failures which read as a consequence
+    of losing a peer (a collective raising "connection closed by peer", "Horovod has been
+    shut down", …) rank after every other kind, whatever their time.
 
     Attributes:
         failures: every failed rank's record, by rank.
-        root_cause: the earliest failure.
+        root_cause: the failure shown first.
     """
 
     def __init__(self, failures: Mapping[int, WorkerFailure], context: str = "") -> None:
@@ -154,7 +179,10 @@ class WorkerFailedError(SparkTrainError):
             raise ValueError("WorkerFailedError needs at least one failure")
         self.failures = dict(failures)
         self.context = context
-        ordered = sorted(self.failures.values(), key=lambda f: (f.time, f.rank))
+        # Earliest first, but a rank that only lost its peer never hides the one that left.
+        ordered = sorted(
+            self.failures.values(), key=lambda f: (f.follows_peer_loss, f.time, f.rank)
+        )
         self.root_cause = ordered[0]
         others = ordered[1:]
         lines = [f"{len(ordered)} rank(s) failed{context}. Root cause:", ""]

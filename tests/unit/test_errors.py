@@ -297,3 +297,24 @@ def test_module_exports_the_tree() -> None:
     ):
         assert getattr(sparktrain, name) is getattr(errors, name)
         assert name in sparktrain.__all__
+
+
+def test_a_peer_loss_error_never_hides_the_rank_that_left() -> None:
+    killed = WorkerFailure(rank=1, exit_code=-9, phase="lost", time=2.0)
+    consequence = WorkerFailure(
+        rank=0,
+        exc_type="HorovodInternalError",
+        message="Horovod has been shut down. This was caused by an exception on one of the ranks",
+        time=1.0,  # seen first: the survivor noticed before the supervisor reaped the dead rank
+    )
+    error = WorkerFailedError({0: consequence, 1: killed})
+    assert error.root_cause is killed
+    assert consequence.follows_peer_loss and not killed.follows_peer_loss
+
+
+def test_peer_loss_errors_alone_still_order_by_time() -> None:
+    first = WorkerFailure(
+        rank=1, exc_type="RuntimeError", message="Connection closed by peer", time=1.0
+    )
+    second = WorkerFailure(rank=0, exc_type="DistBackendError", message="x", time=2.0)
+    assert WorkerFailedError({0: second, 1: first}).root_cause is first
