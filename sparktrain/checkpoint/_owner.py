@@ -17,8 +17,8 @@ from typing import Any
 
 from sparktrain.checkpoint._errors import CheckpointOwnershipError, CheckpointWarning
 from sparktrain.checkpoint._store import _Store
+from sparktrain.worker.context import RUN_ID_ENV
 
-RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
 OWNER_FILE = "sparktrain-owner.json"
 
 

@@ -29,7 +29,6 @@ from sparktrain.task.records import RESULT_FILE, error_file, rank_record
 from sparktrain.task.supervise import RankProcess, stop_all
 from sparktrain.worker import bootstrap, context
 
-RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
 PAYLOAD_FILE = "payload.pkl"
 
 
@@ -133,7 +132,7 @@ class _Supervisor:
         return {
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(paths),
-            RUN_ID_ENV: self.job.run_id,
+            context.RUN_ID_ENV: self.job.run_id,
             context.ATTEMPT_ENV: str(self.job.attempt),
             bootstrap.GRACE_ENV: str(self.config.grace_period),
             context.CHANNEL_ENV: self.job.channel,

@@ -21,6 +21,8 @@ CHANNEL_ENV = "_SPARKTRAIN_CHANNEL"
 KEY_ENV = "_SPARKTRAIN_KEY"
 USE_GPU_ENV = "_SPARKTRAIN_USE_GPU"
 ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
+# Same for every attempt of one run (checkpoint ownership relies on it).
+RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
 
 # Set by the SIGTERM handler that should_stop() installs. Signal handlers need state that
 # lives as long as the process; this is the one such piece in a rank.
