@@ -32,10 +32,6 @@ LAUNCHERS = (None, "gloo", "mpi")
 ADDR_KEY = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 PORT_KEY = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 
-# launcher="mpi": rank 0's task runs mpirun, the other hosts' daemons are started through
-# their barrier tasks (sparktrain.task.mpirun); set False to refuse it.
-MPI_LAUNCH_SUPPORTED = True
-
 INSTALL_HINT = (
     "Horovod with PyTorch support is needed for backend='horovod'. Horovod 0.28.1 does not "
     "build as-is against torch >= 2.1: run scripts/install-horovod.sh [PYTHON] from the "
@@ -198,11 +194,6 @@ class HorovodBackend(Backend):
                 "(hvd.mpi_built() is False): rebuild it now that mpicxx is installed with "
                 "HOROVOD_FORCE=1 scripts/install-horovod.sh (or HOROVOD_WITH_MPI=1 pip install "
                 "--no-cache-dir --no-build-isolation horovod); or use launcher='gloo'"
-            )
-        if not MPI_LAUNCH_SUPPORTED:
-            raise ConfigurationError(
-                "launcher='mpi' is not supported by this version of sparktrain yet: leave "
-                "launcher unset (Gloo, which hvd.init() uses without mpirun)"
             )
 
     @property
