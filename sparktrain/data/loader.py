@@ -24,8 +24,8 @@ import torch
 from sparktrain.data.columns import to_numpy
 from sparktrain.data.prefetch import Background
 from sparktrain.data.sharding import (
-    piece_order,
     plan_shard,
+    row_order_in_piece,
     shard_size,
     validate_shard,
     window_order,
@@ -263,7 +263,7 @@ class TorchDataLoader:
         offset = 0
         for segment in window:
             table = reader.read(segment.piece)
-            order = piece_order(
+            order = row_order_in_piece(
                 table.num_rows,
                 piece=segment.piece,
                 epoch=epoch,

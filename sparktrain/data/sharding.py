@@ -40,7 +40,7 @@ class Segment:
 
     Attributes:
         piece: index of the piece (row group) in the dataset's piece list.
-        start: first position (inclusive) in :func:`piece_order` of that piece.
+        start: first position (inclusive) in :func:`row_order_in_piece` of that piece.
         stop: last position (exclusive).
     """
 
@@ -112,14 +112,14 @@ def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, *stream])
 
 
-def pieces_order(num_pieces: int, *, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+def piece_visit_order(num_pieces: int, *, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     """The order in which the epoch visits the pieces (identical on every shard)."""
     if not shuffle:
         return np.arange(num_pieces)
     return _rng(seed, epoch, _PIECE_ORDER).permutation(num_pieces)
 
 
-def piece_order(
+def row_order_in_piece(
     num_rows: int, *, piece: int, epoch: int, seed: int, shuffle: bool
 ) -> np.ndarray | None:
     """Row indices of one piece in the epoch's order; ``None`` means the natural order."""
@@ -165,7 +165,7 @@ def plan_shard(
     validate_shard(cur_shard, shard_count)
     total = int(sum(piece_rows))
     rows, batches = shard_size(total, shard_count, batch_size, drop_last)
-    order = pieces_order(len(piece_rows), epoch=epoch, seed=seed, shuffle=shuffle)
+    order = piece_visit_order(len(piece_rows), epoch=epoch, seed=seed, shuffle=shuffle)
     starts = np.concatenate(([0], np.cumsum([piece_rows[p] for p in order])))
 
     segments: list[Segment] = []

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sparktrain.data import SparkDatasetConverter
-from sparktrain.data.sharding import piece_order, plan_shard, shard_size
+from sparktrain.data.sharding import plan_shard, row_order_in_piece, shard_size
 from sparktrain.errors import ConfigurationError, SparkTrainError
 
 VECTOR = pa.struct(
@@ -63,7 +63,7 @@ def expand(piece_rows: list[int], plan_rows: list, **order: object) -> list[int]
     starts = np.concatenate(([0], np.cumsum(piece_rows)))
     ids: list[int] = []
     for segment in plan_rows:
-        rows = piece_order(piece_rows[segment.piece], piece=segment.piece, **order)  # type: ignore[arg-type]
+        rows = row_order_in_piece(piece_rows[segment.piece], piece=segment.piece, **order)  # type: ignore[arg-type]
         local = np.arange(piece_rows[segment.piece]) if rows is None else rows
         ids.extend(int(starts[segment.piece] + i) for i in local[segment.start : segment.stop])
     return ids
