@@ -11,7 +11,6 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-from sparktrain.backends import backend_names
 from sparktrain.errors import ConfigurationError
 
 CONF_PREFIX = "spark.sparktrain."
@@ -125,10 +124,11 @@ class RunConfig:
                 f"np must be a non-zero integer (np=N runs N ranks on Spark executors, "
                 f"np=-N runs N ranks on the driver); got {self.np!r}"
             )
-        if self.backend not in backend_names():
+        # Which names exist is the backend registry's to say (sparktrain.backends).
+        if not isinstance(self.backend, str):
             raise ConfigurationError(
-                f"unknown backend {self.backend!r}; choose one of {', '.join(backend_names())} "
-                f"(argument backend=, or {conf_key('backend')})"
+                f"backend must be a string; got {self.backend!r}"
+                f" (argument backend=, or {conf_key('backend')})"
             )
         if self.driver_log_verbosity not in VERBOSITIES:
             raise ConfigurationError(

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sparktrain import wire
-from sparktrain.backends import get_backend
+from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import Launch, RunMonitor
@@ -93,6 +93,7 @@ class SparkRunner:
         self._spark = spark
         # Validate now (without the session's conf) so mistakes surface at construction.
         self.config = RunConfig.resolve(np, self._overrides)
+        check_backend_name(self.config.backend)
         self.history: list[dict[str, Any]] = []
         self.attempts: list[dict[str, Any]] = []
         self.progress: Progress | None = None

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sparktrain import SparkRunner
+from sparktrain import config as config_module
+from sparktrain.backends import backend_names, check_backend_name, get_backend
 from sparktrain.config import (
     RESERVED_ENV,
     RunConfig,
@@ -76,13 +80,41 @@ def test_spark_runner_refuses_bad_settings_at_construction() -> None:
 # --- other fields ------------------------------------------------------------------------------
 
 
-def test_unknown_backend_lists_the_choices_and_the_conf_key() -> None:
+@pytest.mark.parametrize(
+    "refuse",
+    [
+        lambda name: SparkRunner(np=1, backend=name),  # at construction, before any Spark work
+        lambda name: SparkRunner(np=-1, backend=name),
+        check_backend_name,
+        get_backend,
+    ],
+    ids=["SparkRunner", "SparkRunner local", "check_backend_name", "get_backend"],
+)
+def test_unknown_backend_lists_the_choices_and_the_conf_key(refuse: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
-        RunConfig(np=1, backend="mpi4py")
+        refuse("mpi4py")
     message = str(info.value)
     assert "'mpi4py'" in message
     assert "torch" in message and "horovod" in message
-    assert "spark.sparktrain.backend" in message
+    assert "argument backend=" in message and "spark.sparktrain.backend" in message
+
+
+def test_run_config_holds_any_backend_name_and_the_registry_judges_it() -> None:
+    assert RunConfig(np=1, backend="mpi4py").backend == "mpi4py"
+    with pytest.raises(ConfigurationError, match="backend must be a string"):
+        RunConfig(np=1, backend=5)  # type: ignore[arg-type]
+    for name in backend_names():
+        check_backend_name(name)
+
+
+def test_config_imports_nothing_of_sparktrain_but_errors() -> None:
+    # Backends import config (for RunConfig's type): config importing them would be a loop.
+    tree = ast.parse(Path(config_module.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {name for name in imported if name and name.startswith("sparktrain")} == {
+        "sparktrain.errors"
+    }
 
 
 @pytest.mark.parametrize("verbosity", ["ALL", "none", "", "log_callback"])
@@ -332,8 +364,9 @@ def test_env_parse_errors_name_the_variable(env_name: str, text: str, fragment: 
 def test_parsed_value_is_still_validated() -> None:
     with pytest.raises(ConfigurationError, match="start_timeout must be a positive number"):
         RunConfig.resolve(1, environ={"SPARKTRAIN_START_TIMEOUT": "0s"})
+    config = RunConfig.resolve(1, spark_conf={"spark.sparktrain.backend": " tf "}, environ={})
     with pytest.raises(ConfigurationError, match="unknown backend 'tf'"):
-        RunConfig.resolve(1, spark_conf={"spark.sparktrain.backend": " tf "}, environ={})
+        get_backend(config.backend)  # what SparkRunner.run() does with the session's conf
 
 
 @pytest.mark.parametrize(
