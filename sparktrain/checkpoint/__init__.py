@@ -1,6 +1,6 @@
 """Checkpoints that rank 0 writes atomically, to a local directory or any fsspec URL.
 
-One directory holds one run's checkpoints::
+One directory holds one run's checkpoints (the names are :mod:`sparktrain.checkpoint.layout`'s)::
 
     sparktrain-owner.json             which run writes here (run id, host, pid, since)
     step-000000000120.<token>.pt      torch.save bytes; a fresh name per save, never rewritten
@@ -29,14 +29,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 import uuid
 import warnings
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.checkpoint import _owner
+from sparktrain.checkpoint import _owner, layout
 from sparktrain.checkpoint._errors import (
     CheckpointError,
     CheckpointOwnershipError,
@@ -44,7 +43,8 @@ from sparktrain.checkpoint._errors import (
 )
 from sparktrain.checkpoint._owner import OWNER_FILE as OWNER_FILE  # public, not in __all__
 from sparktrain.checkpoint._owner import RUN_ID_ENV
-from sparktrain.checkpoint._store import PARTIAL_SUFFIX, _HashingWriter, _Store
+from sparktrain.checkpoint._store import _HashingWriter, _Store
+from sparktrain.checkpoint.layout import MalformedMarker, marker_name, parse_marker
 from sparktrain.errors import ConfigurationError
 from sparktrain.worker import context
 
@@ -59,9 +59,6 @@ __all__ = [
 ]
 
 _FORMAT = 1
-_MARKER = re.compile(r"^step-(\d+)\.commit\.json$")
-_DATA = re.compile(r"^step-(\d+)\.[0-9a-f]+\.pt$")
-_PARTIAL_DATA = re.compile(r"^\.step-(\d+)\.[0-9a-f]+\.pt\.[0-9a-f]+\.partial$")
 _CHUNK = 1 << 20
 _ATTEMPTS = 3  # listings of a directory that a concurrent save keeps pruning
 
@@ -168,7 +165,7 @@ def save(
     store.makedirs()
     me = _owner.this_process()
     _owner.claim(store, me, take_over)
-    data = f"step-{step:012d}.{uuid.uuid4().hex[:16]}.pt"
+    data = layout.data_name(step, uuid.uuid4().hex[:16])
     writers: list[_HashingWriter] = []
 
     def fill(f: IO[bytes]) -> None:
@@ -190,19 +187,9 @@ def save(
         "run_id": me["run_id"],
         "time": time.time(),
     }
-    store.write(_marker_name(step), lambda f: f.write(json.dumps(marker).encode()))
+    store.write(marker_name(step), lambda f: f.write(json.dumps(marker).encode()))
     _tidy(store, step, data, keep_last)
     return store.url(data)
-
-
-def _marker_name(step: int) -> str:
-    return f"step-{step:012d}.commit.json"
-
-
-def _step_of(name: str) -> int | None:
-    """The step of a data file, or of the ``.partial`` file of one; else None."""
-    match = _DATA.match(name) or _PARTIAL_DATA.match(name)
-    return int(match.group(1)) if match else None
 
 
 def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
@@ -212,7 +199,7 @@ def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
     which a later save removes.
     """
     names = store.names()
-    markers = {int(m.group(1)): n for n in names if (m := _MARKER.match(n))}
+    markers = dict(layout.committed(names))
     newer = sorted(s for s in markers if s > step)
     if newer:
         warnings.warn(
@@ -227,14 +214,13 @@ def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
     for s in doomed:
         store.remove(markers[s])
     for name in names:
-        match = _DATA.match(name)
-        if match is not None and name != data:
-            s = int(match.group(1))
+        of = layout.data_step(name)
+        if of is not None and name != data:
             # Another file of this step was replaced just now; a step without a marker is
             # an interrupted save; a doomed step was pruned.
-            if s == step or s in doomed or s not in markers:
+            if of == step or of in doomed or of not in markers:
                 store.remove(name)
-        elif name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
+        elif layout.is_partial(name):
             store.remove(name)  # left by a save killed before its rename
 
 
@@ -282,13 +268,13 @@ def load_latest(
             break
     for step, exc in sorted(skipped.items(), reverse=True):
         warnings.warn(
-            f"skipping checkpoint {store.url(_marker_name(step))}: {exc}",
+            f"skipping checkpoint {store.url(marker_name(step))}: {exc}",
             CheckpointWarning,
             stacklevel=2,
         )
     newest = -1 if found is None else found.step
     for name in sorted(names):
-        data_step = _step_of(name)
+        data_step = layout.written_step(name)
         if data_step is not None and data_step > newest and data_step not in skipped:
             warnings.warn(
                 f"ignoring {store.url(name)}: it has no commit marker (its save was interrupted)",
@@ -302,9 +288,8 @@ def _newest(
     store: _Store, names: list[str], map_location: Any, weights_only: bool
 ) -> tuple[Checkpoint | None, dict[int, _Unusable]]:
     """The newest usable checkpoint among ``names``, and why each newer one was skipped."""
-    steps = sorted((int(m.group(1)) for n in names if (m := _MARKER.match(n))), reverse=True)
     skipped: dict[int, _Unusable] = {}
-    for step in steps:
+    for step, _marker in layout.committed(names):
         try:
             data = _verify(store, step)
             state = _load(store, data, map_location, weights_only)
@@ -320,17 +305,13 @@ def _newest(
 def _verify(store: _Store, step: int) -> str:
     """Check one commit marker and its data; return the data file's name."""
     try:
-        marker = json.loads(store.read(_marker_name(step)))
+        _, data, size, digest = parse_marker(store.read(marker_name(step)), step)
     except FileNotFoundError:
         raise _Unusable("the commit marker vanished while being read", vanished=True) from None
+    except MalformedMarker as exc:
+        raise _Unusable(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _Unusable(f"the commit marker is unreadable ({exc})") from None
-    if not isinstance(marker, dict) or marker.get("step") != step:
-        raise _Unusable("the commit marker is malformed")
-    data, size, digest = str(marker.get("data")), marker.get("size"), marker.get("sha256")
-    match = _DATA.match(data)  # also keeps the name inside the directory
-    if match is None or int(match.group(1)) != step or not isinstance(size, int):
-        raise _Unusable("the commit marker is malformed")
     try:
         actual = store.size(data)
         if actual != size:
@@ -343,7 +324,7 @@ def _verify(store: _Store, step: int) -> str:
             while chunk := f.read(_CHUNK):
                 sha256.update(chunk)
     except FileNotFoundError:
-        vanished = not store.exists(_marker_name(step))
+        vanished = not store.exists(marker_name(step))
         raise _Unusable(f"its data file {store.url(data)} is missing", vanished) from None
     except OSError as exc:
         raise _Unusable(f"its data file {store.url(data)} cannot be read ({exc})") from None

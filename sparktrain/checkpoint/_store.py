@@ -8,9 +8,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+from sparktrain.checkpoint.layout import partial_name
 from sparktrain.errors import ConfigurationError
-
-PARTIAL_SUFFIX = ".partial"
 
 
 class _Store:
@@ -109,7 +108,7 @@ class _Store:
                 self.remove(name)
                 raise
             return
-        tmp = f".{name}.{uuid.uuid4().hex[:8]}{PARTIAL_SUFFIX}"
+        tmp = partial_name(name, uuid.uuid4().hex[:8])
         try:
             with open(self._path(tmp), "xb") as f:
                 fill(f)

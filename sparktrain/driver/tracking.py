@@ -12,9 +12,7 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -23,9 +21,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-# sparktrain.checkpoint's layout (see that module): the newest commit marker names its data.
-_MARKER = re.compile(r"^step-(\d+)\.commit\.json$")
-_DATA = re.compile(r"^step-(\d+)\.[0-9a-f]+\.pt$")
+from sparktrain.checkpoint.layout import newest_committed
+
 ARTIFACT_PATH = "checkpoint"
 CHECKPOINT_TAG = "sparktrain.checkpoint"
 # MLflow's log_batch takes at most 1000 metrics per call.
@@ -153,7 +150,7 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, path, ARTIFACT_PATH)
             source = path
         elif os.path.isdir(path):
-            newest = _newest(os.listdir(path), lambda name: _read_local(path, name))
+            newest = newest_committed(os.listdir(path), lambda name: _read_local(path, name))
             if newest is None:
                 self.client.log_artifacts(self.run_id, path, ARTIFACT_PATH)
                 source = path
@@ -175,7 +172,7 @@ class MlflowTracker:
             source = url
         else:
             listed = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
-            found = _newest(listed, lambda name: fs.cat_file(f"{root}/{name}"))
+            found = newest_committed(listed, lambda name: fs.cat_file(f"{root}/{name}"))
             if found is None:
                 raise FileNotFoundError(
                     f"no committed sparktrain checkpoint (step-*.commit.json) in {url!r}"
@@ -196,22 +193,6 @@ class MlflowTracker:
 def _read_local(directory: str, name: str) -> bytes:
     with open(os.path.join(directory, name), "rb") as fh:
         return fh.read()
-
-
-def _newest(names: list[str], read: Any) -> tuple[str, str] | None:
-    """(marker, data) of the newest commit marker whose data file is listed, else None."""
-    present = set(names)
-    steps = sorted(((int(m.group(1)), n) for n in names if (m := _MARKER.match(n))), reverse=True)
-    for step, marker in steps:
-        try:
-            record = json.loads(read(marker))
-        except (OSError, ValueError):
-            continue
-        data = record.get("data") if isinstance(record, dict) else None
-        match = _DATA.match(str(data))
-        if match and int(match.group(1)) == step and data in present:
-            return marker, str(data)
-    return None
 
 
 def _warn(exc: BaseException) -> None:
