@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import ClassVar
 
+from sparktrain import contract
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 
@@ -75,7 +76,7 @@ def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, 
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(spec, rank))
-        env["_SPARKTRAIN_DEVICE_INDEX"] = str(visible_devices(spec, rank).index(own_gpus[0]))
+        env[contract.DEVICE_INDEX_ENV] = str(visible_devices(spec, rank).index(own_gpus[0]))
     return env
 
 

@@ -1,9 +1,9 @@
-"""A task's life: rendezvous, spawn its rank(s), supervise them, hand back the outcome.
+"""A task's life: rendezvous, hand the layout to its launcher, return the ranks' records.
 
-The same code serves a Spark barrier task (one rank per task) and the local supervisor on
-the driver (all ranks of an ``np < 0`` run); only how the TaskInfos are gathered differs.
-What runs the ranks once the ClusterSpec is known is :class:`_Supervisor`
-(:mod:`sparktrain.task.supervisor`), or :class:`MpiTask` for ``launcher="mpi"``.
+The same steps serve a Spark barrier task (one rank per task) and the local supervisor on
+the driver (all ranks of an ``np < 0`` run); only how the TaskInfos are gathered differs. Who
+then creates the rank processes is the run's :class:`~sparktrain.task.launchers.RankLauncher`
+(our own supervisor, or mpirun).
 """
 
 from __future__ import annotations
@@ -23,16 +23,11 @@ from sparktrain import wire
 from sparktrain.backends import get_backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.errors import ConfigurationError
-from sparktrain.task.mpirun import MpiTask, uses_mpirun
-from sparktrain.task.rsh import PeerServer
-from sparktrain.task.supervisor import TaskJob, _Supervisor
+from sparktrain.task.job import TaskJob
+from sparktrain.task.launchers import RankLauncher, allgather_exchange, launcher_for
+from sparktrain.task.session import TaskSession
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on this host."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["TaskJob", "local_gpus", "run_local", "run_spark_task"]
 
 
 def interface_of(address: str) -> str | None:
@@ -58,83 +53,57 @@ def _run_hook(job: TaskJob, index: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _session(
-    job: TaskJob, bind: str, indices: range
-) -> Iterator[tuple[_Supervisor, PeerServer | None]]:
-    """The supervisor of tasks ``indices`` and, for an MPI run, its peer server.
+def _session(job: TaskJob, bind: str, indices: range) -> Iterator[tuple[TaskSession, RankLauncher]]:
+    """The session and the launcher of tasks ``indices``.
 
-    The peer server listens on the port the launcher offers at rendezvous. On the way out the
-    driver is told that these tasks have exited.
+    On the way out the launcher is closed and the driver is told that these tasks have exited.
     """
     try:
         client = wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
     except OSError as exc:
         print(f"sparktrain: cannot reach the driver at {job.channel}: {exc}", file=sys.stderr)
         client = None
-    supervisor = _Supervisor(job, client)
-    server = None
-    if uses_mpirun(supervisor.config.launcher):
-        server = PeerServer(
-            job.key,
-            lambda kind, ident, message: supervisor.events.put((kind, ident, message)),
-            bind=bind,
-        )
+    session = TaskSession(job, client)
+    launcher = launcher_for(session.config)(session, bind)
     try:
-        yield supervisor, server
+        yield session, launcher
     finally:
-        if server is not None:
-            server.close()
+        launcher.close()
         for index in indices:
-            supervisor.send({"type": "exited", "index": index})
+            session.send({"type": "exited", "index": index})
         if client is not None:
             client.close()
 
 
-def _hello(supervisor: _Supervisor, info: TaskInfo) -> None:
-    supervisor.send({"type": "hello", "index": info.index, "info": json.loads(info.to_json())})
+def _hello(session: TaskSession, info: TaskInfo) -> None:
+    session.send({"type": "hello", "index": info.index, "info": json.loads(info.to_json())})
 
 
 def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
-    """Body of one Spark barrier task: runs one rank and yields its record."""
+    """Body of one Spark barrier task: runs its rank(s) and yields their records."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     index = ctx.partitionId()
-    config = job.run_config
-    backend = get_backend(config.backend)
-    with _session(job, "", range(index, index + 1)) as (supervisor, server):
+    backend = get_backend(job.run_config.backend)
+    with _session(job, "", range(index, index + 1)) as (session, launcher):
         overrides = _run_hook(job, index)
         host = overrides.get("host") or ctx.getTaskInfos()[index].address.rpartition(":")[0]
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
-        port = server.port if server is not None else free_port()
         info = TaskInfo(
             index=index,
             host=host,
-            port=port,
+            port=launcher.port(),
             gpus=gpus,
             cpus=int(ctx.cpus()),
             pid=os.getpid(),
             ifname=interface_of(host),
         )
-        _hello(supervisor, info)
-        supervisor.listen()
+        _hello(session, info)
+        session.listen()
         spec = build_cluster_spec([TaskInfo.from_json(t) for t in ctx.allGather(info.to_json())])
-        if server is not None:
-            yield from MpiTask(supervisor, spec, backend, server, index).run()
-            return
-        mine = spec.for_task(index)
-        shared: dict[str, str] = {}
-        if backend.needs_prepare:
-            if mine.rank == 0:
-                shared = backend.prepare(spec, config)
-            shared = json.loads(ctx.allGather(json.dumps(shared))[spec.ranks[0].task.index])
-        try:
-            records = supervisor.run(spec, [mine], backend, shared)
-        finally:
-            if mine.rank == 0:
-                backend.teardown()
-        yield from records
+        yield from launcher.run(spec, [index], backend, allgather_exchange(ctx, spec))
 
 
 def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
@@ -176,30 +145,21 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
     backend = get_backend(config.backend)
     gpus = local_gpus(config.use_gpu, n)
     cpus = max(1, (os.cpu_count() or 1) // n)
-    with _session(job, "127.0.0.1", range(n)) as (supervisor, server):
+    with _session(job, "127.0.0.1", range(n)) as (session, launcher):
         infos = []
         for index in range(n):
             host = _run_hook(job, index).get("host") or "127.0.0.1"
-            port = 0
-            if index == 0:
-                port = server.port if server is not None else free_port()
             info = TaskInfo(
                 index=index,
                 host=host,
-                port=port,
+                port=launcher.port() if index == 0 else 0,
                 gpus=(gpus[index],) if gpus else (),
                 cpus=cpus,
                 pid=os.getpid(),
                 ifname=interface_of(host),
             )
-            _hello(supervisor, info)
+            _hello(session, info)
             infos.append(info)
-        supervisor.listen()
+        session.listen()
         spec = build_cluster_spec(infos)
-        if server is not None:
-            return MpiTask(supervisor, spec, backend, server, None).run()
-        shared = backend.prepare(spec, config) if backend.needs_prepare else {}
-        try:
-            return supervisor.run(spec, spec.ranks, backend, shared)
-        finally:
-            backend.teardown()
+        return launcher.run(spec, range(n), backend, lambda shared: shared)

@@ -15,17 +15,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sparktrain import contract
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.errors import WorkerFailure
-from sparktrain.task.supervise import TAIL_LINES
+from sparktrain.task.process import TAIL_LINES
 
-RESULT_FILE = "result.pkl"
 NO_RESULT = "the process exited with code 0 but wrote no result (did the function call os._exit?)"
 
 
 def error_file(workdir: Path, rank: int) -> Path:
     """Where ``rank`` writes its error record when it fails in Python."""
-    return workdir / f"error-{rank}.json"
+    return workdir / contract.error_file_name(rank)
 
 
 def record(
@@ -76,7 +76,7 @@ def _exited_cleanly(rank: RankSpec, workdir: Path, base: WorkerFailure) -> dict[
     """The record of a rank that exited 0: ok, unless rank 0 wrote no result."""
     if rank.rank != 0:
         return record(rank, "ok")
-    result = workdir / RESULT_FILE
+    result = workdir / contract.RESULT_FILE
     if not result.exists():
         return record(rank, "failed", failure=dataclasses.replace(base, message=NO_RESULT))
     return record(rank, "ok", result.read_bytes())

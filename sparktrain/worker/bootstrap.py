@@ -18,17 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sparktrain.backends.mpi import OUTCOME_DIR_ENV, RANK_TABLE_ENV, parse_rank_table
+from sparktrain import contract
 from sparktrain.errors import PayloadError, SparkTrainError
 from sparktrain.payload import dump_result, load_call
 from sparktrain.worker import context
 
-PAYLOAD_ENV = "_SPARKTRAIN_PAYLOAD"
-RESULT_ENV = "_SPARKTRAIN_RESULT"
-ERROR_ENV = "_SPARKTRAIN_ERROR"
-MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
-DEVICE_INDEX_ENV = "_SPARKTRAIN_DEVICE_INDEX"
-PARENT_FD_ENV = "_SPARKTRAIN_PARENT_FD"
 PR_SET_PDEATHSIG = 1
 
 
@@ -56,39 +50,36 @@ def _adopt_mpi_rank() -> None:
     Raises:
         SparkTrainError: mpirun placed this rank where sparktrain did not expect it.
     """
-    table_text = os.environ.get(RANK_TABLE_ENV)
-    if table_text is None or "OMPI_COMM_WORLD_RANK" not in os.environ:
+    table_text = os.environ.get(contract.MPI_RANK_TABLE_ENV)
+    if table_text is None or contract.OMPI_RANK_ENV not in os.environ:
         return
-    os.environ.pop(PARENT_FD_ENV, None)
+    os.environ.pop(contract.PARENT_FD_ENV, None)
     _die_with_parent()
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    folder = os.environ[OUTCOME_DIR_ENV]
-    os.environ[ERROR_ENV] = os.path.join(folder, f"error-{rank}.json")
+    rank = int(os.environ[contract.OMPI_RANK_ENV])
+    folder = os.environ[contract.OUTCOME_DIR_ENV]
+    os.environ[contract.ERROR_ENV] = os.path.join(folder, contract.error_file_name(rank))
     if rank == 0:
-        os.environ[RESULT_ENV] = os.path.join(folder, "result.pkl")
+        os.environ[contract.RESULT_ENV] = os.path.join(folder, contract.RESULT_FILE)
     else:
-        os.environ.pop(RESULT_ENV, None)
+        os.environ.pop(contract.RESULT_ENV, None)
     os.chdir(folder)
     # The task reaps ranks by these files once their launcher has ended (none outlives it).
-    pid_file = os.path.join(folder, f"rank-{rank}.pid")
+    pid_file = os.path.join(folder, contract.pid_file_name(rank))
     with open(f"{pid_file}.tmp", "w", encoding="utf-8") as fh:
         fh.write(str(os.getpid()))
     os.replace(f"{pid_file}.tmp", pid_file)
-    table = parse_rank_table(table_text)
+    table = contract.parse_rank_table(table_text)
     if rank not in table:
         raise SparkTrainError(
             f"mpirun started rank {rank} on a host that runs ranks {sorted(table)}: its host "
             "list does not match the barrier tasks' (hosts known under several names?)"
         )
     os.environ.update(table[rank])
-    size = os.environ.get("OMPI_COMM_WORLD_SIZE")
+    size = os.environ.get(contract.OMPI_SIZE_ENV)
     if size is not None and size != os.environ.get("WORLD_SIZE"):
         raise SparkTrainError(
             f"mpirun started {size} ranks, sparktrain planned {os.environ.get('WORLD_SIZE')}"
         )
-
-
-GRACE_ENV = "_SPARKTRAIN_GRACE"
 
 
 def watch_lifeline(fd: int, grace: float, name: str) -> None:
@@ -114,10 +105,10 @@ def watch_lifeline(fd: int, grace: float, name: str) -> None:
 
 def _watch_parent() -> None:
     """Kill this process group as soon as the supervisor is gone."""
-    fd_text = os.environ.get(PARENT_FD_ENV)
+    fd_text = os.environ.get(contract.PARENT_FD_ENV)
     if fd_text:
         watch_lifeline(
-            int(fd_text), float(os.environ.get(GRACE_ENV, "10")), "sparktrain-parent-watch"
+            int(fd_text), float(os.environ.get(contract.GRACE_ENV, "10")), "sparktrain-parent-watch"
         )
 
 
@@ -133,7 +124,7 @@ def _report_error(phase: str, exc: BaseException, tb: TracebackType | None, user
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     sys.stderr.write(text)
     sys.stderr.flush()
-    path = os.environ.get(ERROR_ENV)
+    path = os.environ.get(contract.ERROR_ENV)
     if path:
         _write_json(
             path,
@@ -150,8 +141,8 @@ def _report_error(phase: str, exc: BaseException, tb: TracebackType | None, user
 
 def _pin_device() -> None:
     """Make this rank's GPU the current CUDA device, when it has one and CUDA is there."""
-    index = os.environ.get(DEVICE_INDEX_ENV)
-    if index is None or os.environ.get(context.USE_GPU_ENV) == "0":
+    index = os.environ.get(contract.DEVICE_INDEX_ENV)
+    if index is None or os.environ.get(contract.USE_GPU_ENV) == "0":
         return
     import torch
 
@@ -171,10 +162,10 @@ def main() -> int:
         _adopt_mpi_rank()
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         _report_error("load", exc, exc.__traceback__, user=False)
-        return 1
+        return contract.EXIT_FAILED
     _watch_parent()
     try:
-        fn, args, kwargs = load_call(Path(os.environ[PAYLOAD_ENV]).read_bytes())
+        fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         hint = PayloadError(
             f"could not load the training function on rank {context.rank()}: "
@@ -195,10 +186,10 @@ def main() -> int:
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt included
         _report_error("run", exc, _user_frames(exc), user=True)
         return 1
-    result_path = os.environ.get(RESULT_ENV)
+    result_path = os.environ.get(contract.RESULT_ENV)
     if result_path:
         try:
-            data = dump_result(value, int(os.environ.get(MAX_RESULT_ENV, str(256 << 20))))
+            data = dump_result(value, int(os.environ.get(contract.MAX_RESULT_ENV, str(256 << 20))))
         except PayloadError as exc:
             _report_error("result", exc, None, user=True)
             return 1

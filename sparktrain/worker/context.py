@@ -14,15 +14,10 @@ import sys
 import threading
 from typing import Any
 
-from sparktrain import wire
+from sparktrain import contract, wire
 
-# Variables the supervisor gives each worker process for its link to the driver.
-CHANNEL_ENV = "_SPARKTRAIN_CHANNEL"
-KEY_ENV = "_SPARKTRAIN_KEY"
-USE_GPU_ENV = "_SPARKTRAIN_USE_GPU"
-ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
-# Same for every attempt of one run (checkpoint ownership relies on it).
-RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
+# Re-exported for code that reads the run id where a rank runs (checkpoint ownership).
+RUN_ID_ENV = contract.RUN_ID_ENV
 
 # Set by the SIGTERM handler that should_stop() installs. Signal handlers need state that
 # lives as long as the process; this is the one such piece in a rank.
@@ -60,7 +55,7 @@ def attempt() -> int:
         >>> if sparktrain.attempt() > 0:
         ...     print("resuming after a restart")
     """
-    return int(os.environ.get(ATTEMPT_ENV, "0"))
+    return int(os.environ.get(contract.ATTEMPT_ENV, "0"))
 
 
 def should_stop() -> bool:
@@ -90,7 +85,7 @@ def use_gpu() -> bool:
     Example:
         >>> device = "cuda" if sparktrain.use_gpu() else "cpu"
     """
-    if os.environ.get(USE_GPU_ENV) == "0":
+    if os.environ.get(contract.USE_GPU_ENV) == "0":
         return False
     import torch
 
@@ -113,8 +108,8 @@ def _client() -> wire.ChannelClient | None:
         if "client" in _client_state:
             client: wire.ChannelClient | None = _client_state["client"]
             return client
-        address = os.environ.get(CHANNEL_ENV)
-        key = os.environ.get(KEY_ENV)
+        address = os.environ.get(contract.CHANNEL_ENV)
+        key = os.environ.get(contract.KEY_ENV)
         client = None
         if address and key:
             try:

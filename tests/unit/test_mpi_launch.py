@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sparktrain.backends import get_backend, mpi
+from sparktrain import contract
+from sparktrain.backends import get_backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
+from sparktrain.task.mpi import command as mpi
 
 
 def spec_of(hosts: list[str], ifnames: list[str | None] | None = None):
@@ -46,7 +48,7 @@ def test_command_uses_the_agent_and_keeps_daemons_attached():
     )
     assert argv[:2] == ["/mpirun", "--allow-run-as-root"]
     mca = _mca(argv)
-    assert mca["plm_rsh_agent"] == "/py -m sparktrain.task.rsh"
+    assert mca["plm_rsh_agent"] == "/py -m sparktrain.task.mpi.rsh"
     assert mca["plm_rsh_no_tree_spawn"] == "1"
     assert mca["odls_base_sigkill_timeout"] == "3"
     assert "--leave-session-attached" in argv and "--tag-output" in argv
@@ -97,7 +99,7 @@ def test_peer_for(host, expected):
 
 def test_rank_table_round_trip():
     table = {0: {"RANK": "0", "LOCAL_RANK": "0"}, 3: {"RANK": "3"}}
-    assert mpi.parse_rank_table(mpi.rank_table(table)) == table
+    assert contract.parse_rank_table(contract.rank_table(table)) == table
 
 
 def test_backend_env_under_mpi_selects_mpi_controller():

@@ -1,5 +1,5 @@
 """mpirun's remote shell without SSH, with a fake daemon command instead of Open MPI's orted:
-the agent (``python -m sparktrain.task.rsh``) ↔ a task's real daemon role, the guard that
+the agent (``python -m sparktrain.task.mpi.rsh``) ↔ a task's real daemon role, the guard that
 ties launchers to their task, and the worker's adoption of its MPI rank. No MPI needed."""
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from typing import Any
 import psutil
 import pytest
 
-from sparktrain import wire
-from sparktrain.backends import get_backend, mpi
+from sparktrain import contract, wire
+from sparktrain.backends import get_backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.payload import dump_call, load_result
-from sparktrain.task.entry import TaskJob, _Supervisor
-from sparktrain.task.mpirun import MpiTask
-from sparktrain.task.rsh import PeerServer
-from sparktrain.task.supervise import PARENT_FD_ENV
-from sparktrain.worker import bootstrap
+from sparktrain.task.job import TaskJob
+from sparktrain.task.mpi.launch import MpiRun, MpiTask
+from sparktrain.task.mpi.peers import PeerServer
+from sparktrain.task.session import TaskSession
 
 KEY = b"k" * 32
 
@@ -63,7 +62,7 @@ def daemon_task():
         key=KEY,
         payload=b"unused",
     )
-    supervisor = _Supervisor(job, None)
+    supervisor = TaskSession(job, None)
     server = PeerServer(KEY, lambda *event: supervisor.events.put(event), bind="127.0.0.1")
     spec = build_cluster_spec(
         [
@@ -71,7 +70,7 @@ def daemon_task():
             TaskInfo(index=1, host="127.0.0.2", port=server.port),
         ]
     )
-    task = MpiTask(supervisor, spec, get_backend("horovod"), server, 1)
+    task = MpiTask(MpiRun(supervisor, spec, get_backend("horovod"), server, local=False), 1)
     result: dict[str, Any] = {}
 
     def body() -> None:
@@ -80,7 +79,7 @@ def daemon_task():
     thread = threading.Thread(target=body, daemon=True)
     thread.start()
     env = dict(os.environ)
-    env[mpi.PEERS_ENV] = json.dumps({"127.0.0.2": f"127.0.0.1:{server.port}"})
+    env[contract.RSH_PEERS_ENV] = json.dumps({"127.0.0.2": f"127.0.0.1:{server.port}"})
     env["_SPARKTRAIN_KEY"] = KEY.hex()
     yield launcher, env, result, thread
     supervisor.events.put(("abort", -1, "test over"))
@@ -91,7 +90,7 @@ def daemon_task():
 
 def agent(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "sparktrain.task.rsh", *args],
+        [sys.executable, "-m", "sparktrain.task.mpi.rsh", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -193,10 +192,10 @@ def _guard(argv: list[str], lifeline: int | None = None) -> subprocess.Popen[byt
     env = dict(os.environ, _SPARKTRAIN_GRACE="1")
     pass_fds: tuple[int, ...] = ()
     if lifeline is not None:
-        env[PARENT_FD_ENV] = str(lifeline)
+        env[contract.PARENT_FD_ENV] = str(lifeline)
         pass_fds = (lifeline,)
     return subprocess.Popen(
-        [sys.executable, "-m", "sparktrain.task.guard", *argv],
+        [sys.executable, "-m", "sparktrain.task.mpi.guard", *argv],
         env=env,
         pass_fds=pass_fds,
         start_new_session=True,
@@ -238,12 +237,12 @@ def _worker(tmp_path: Path, rank: int, table_ranks: list[int]) -> subprocess.Com
         {
             "OMPI_COMM_WORLD_RANK": str(rank),
             "OMPI_COMM_WORLD_SIZE": "2",
-            mpi.RANK_TABLE_ENV: mpi.rank_table(table),
-            mpi.OUTCOME_DIR_ENV: str(tmp_path),
-            bootstrap.PAYLOAD_ENV: str(payload),
+            contract.MPI_RANK_TABLE_ENV: contract.rank_table(table),
+            contract.OUTCOME_DIR_ENV: str(tmp_path),
+            contract.PAYLOAD_ENV: str(payload),
             # What mpirun passes on from the supervisor's environment: must not be used.
-            PARENT_FD_ENV: "987",
-            bootstrap.RESULT_ENV: str(tmp_path / "wrong.pkl"),
+            contract.PARENT_FD_ENV: "987",
+            contract.RESULT_ENV: str(tmp_path / "wrong.pkl"),
         }
     )
     return subprocess.run(

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sparktrain.contract import PARENT_FD_ENV
 from sparktrain.payload import dump_call
-from sparktrain.task.supervise import PARENT_FD_ENV, TAIL_LINES, RankProcess, stop_all
-from sparktrain.worker import bootstrap
+from sparktrain.task.process import TAIL_LINES, RankProcess, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -326,14 +326,15 @@ def test_stop_all_stops_in_parallel(started: list[RankProcess], tmp_path: Path) 
 
 SUPERVISOR = """
 import os, sys, time
-from sparktrain.task.supervise import RankProcess
+from sparktrain import contract
+from sparktrain.task.process import RankProcess
 
 payload, workdir = sys.argv[1], sys.argv[2]
 env = dict(os.environ)
 env.update({
-    "_SPARKTRAIN_PAYLOAD": payload,
-    "_SPARKTRAIN_ERROR": os.path.join(workdir, "error-0.json"),
-    "_SPARKTRAIN_GRACE": "1",
+    contract.PAYLOAD_ENV: payload,
+    contract.ERROR_ENV: os.path.join(workdir, contract.error_file_name(0)),
+    contract.GRACE_ENV: "1",
 })
 proc = RankProcess(0, [sys.executable, "-m", "sparktrain.worker"], env, workdir,
                    on_line=lambda rank, line: print("LINE", line, flush=True),
@@ -379,10 +380,6 @@ def _expect(lines: queue.Queue[str], prefix: str, timeout: float = 15.0) -> str:
 
 
 def test_worker_dies_when_its_supervisor_is_killed(tmp_path: Path) -> None:
-    assert bootstrap.PAYLOAD_ENV == "_SPARKTRAIN_PAYLOAD"
-    assert bootstrap.ERROR_ENV == "_SPARKTRAIN_ERROR"
-    assert bootstrap.GRACE_ENV == "_SPARKTRAIN_GRACE"
-    assert bootstrap.PARENT_FD_ENV == PARENT_FD_ENV
     # A function pickled by value (like one from a notebook), so the worker needs no tests/.
     cell: dict[str, object] = {"__name__": "sparktrain_test_nap_cell"}
     exec(compile(NAP_CELL, "<cell>", "exec"), cell)

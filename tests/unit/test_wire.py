@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sparktrain import wire
+from sparktrain import contract, wire
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.wire import MAC_BYTES, MAGIC, MAX_FRAME, NONCE_BYTES, FrameError
 
@@ -529,8 +529,8 @@ def test_report_with_numpy_step_does_not_raise(
     from sparktrain.worker import context
 
     monkeypatch.setattr(context, "_client_state", {})
-    monkeypatch.setenv(context.CHANNEL_ENV, server.address)
-    monkeypatch.setenv(context.KEY_ENV, server.key.hex())
+    monkeypatch.setenv(contract.CHANNEL_ENV, server.address)
+    monkeypatch.setenv(contract.KEY_ENV, server.key.hex())
     monkeypatch.setenv("RANK", "0")
     try:
         context.report(step=np.int64(3), epoch=1, loss=np.float32(0.5))
@@ -548,8 +548,8 @@ def test_worker_context_messages_reach_the_channel(
     from sparktrain.worker import context
 
     monkeypatch.setattr(context, "_client_state", {})
-    monkeypatch.setenv(context.CHANNEL_ENV, server.address)
-    monkeypatch.setenv(context.KEY_ENV, server.key.hex())
+    monkeypatch.setenv(contract.CHANNEL_ENV, server.address)
+    monkeypatch.setenv(contract.KEY_ENV, server.key.hex())
     monkeypatch.setenv("RANK", "2")
     try:
         context.log_to_driver("hello")

@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 
-from sparktrain.task.supervise import PARENT_FD_ENV
-from sparktrain.worker.bootstrap import GRACE_ENV, watch_lifeline
+from sparktrain import contract
+from sparktrain.worker.bootstrap import watch_lifeline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print("usage: python -m sparktrain.task.guard COMMAND...", file=sys.stderr)
         return 2
-    fd_text = os.environ.pop(PARENT_FD_ENV, None)
+    fd_text = os.environ.pop(contract.PARENT_FD_ENV, None)
     if fd_text:
-        watch_lifeline(int(fd_text), float(os.environ.get(GRACE_ENV, "10")), "sparktrain-guard")
+        grace = float(os.environ.get(contract.GRACE_ENV, "10"))
+        watch_lifeline(int(fd_text), grace, "sparktrain-guard")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A Python handler, not SIG_IGN: the command must get default dispositions at exec.
         signal.signal(sig, lambda signum, frame: None)
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         except InterruptedError:  # pragma: no cover - PEP 475 retries; belt and braces
             continue
-    return 128 - code if code < 0 else code
+    return contract.shell_status(code)
 
 
 if __name__ == "__main__":

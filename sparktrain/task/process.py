@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 
-PARENT_FD_ENV = "_SPARKTRAIN_PARENT_FD"
+from sparktrain import contract
+
 TAIL_LINES = 100
 
 
@@ -59,7 +58,7 @@ class RankProcess:
         try:
             self.proc = subprocess.Popen(
                 argv,
-                env={**env, PARENT_FD_ENV: str(read_end)},
+                env={**env, contract.PARENT_FD_ENV: str(read_end)},
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -126,15 +125,3 @@ def stop_all(procs: list[RankProcess], grace: float) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-
-
-def python_executable() -> str:
-    """The interpreter that runs the task; workers use the same one."""
-    return sys.executable
-
-
-Event = tuple[str, int, object]
-
-
-class EventQueue(queue.Queue[Event]):
-    """What the supervisor loop waits on: ("exit", rank, code) and ("abort", -1, reason)."""

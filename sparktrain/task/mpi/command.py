@@ -1,18 +1,17 @@
-"""Open MPI launches for the Horovod backend: the mpirun command line and reading its output.
+"""The mpirun command line, and reading its output back: pure functions, no processes.
 
-Pure functions only (no processes, no sockets), so the unit tests cover them with tables. The
-task side that runs mpirun and its remote daemons lives in :mod:`sparktrain.task.mpirun`.
+The unit tests cover these with tables; the processes are :mod:`sparktrain.task.mpi.launch`'s.
 
 How ranks line up: ``-H host0:n0,host1:n1,... -map-by slot`` fills hosts in list order, so
 ``OMPI_COMM_WORLD_RANK`` follows the ClusterSpec (ranks contiguous per host, hosts in
 node-rank order) and is sparktrain's ``RANK``. Every rank's sparktrain environment is handed
 to the processes of its host as one table keyed by global rank
-(:data:`RANK_TABLE_ENV`); the worker picks its row by ``OMPI_COMM_WORLD_RANK``.
+(:data:`sparktrain.contract.MPI_RANK_TABLE_ENV`); the worker picks its row by
+``OMPI_COMM_WORLD_RANK``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -22,12 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from sparktrain.cluster import ClusterSpec
 
-# A JSON object {global rank: {env var: value}} for the ranks of one host.
-RANK_TABLE_ENV = "_SPARKTRAIN_MPI_RANKS"
-# The task folder where a host's ranks write their error files (and rank 0 its result).
-OUTCOME_DIR_ENV = "_SPARKTRAIN_OUTCOME_DIR"
-# JSON object {host name as given to mpirun: "address:port" of the task that serves it}.
-PEERS_ENV = "_SPARKTRAIN_RSH_PEERS"
+RSH_MODULE = "sparktrain.task.mpi.rsh"
+GUARD_MODULE = "sparktrain.task.mpi.guard"
 
 # "[jobid,rank]<stdout>:" — what --tag-output puts before every chunk a rank writes.
 _TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
@@ -49,7 +44,7 @@ def mpirun_command(
     """The mpirun command that starts one ``python -m sparktrain.worker`` per rank of ``spec``.
 
     Remote hosts' daemons are started by mpirun's remote-shell agent, which is sparktrain's
-    (``python -m sparktrain.task.rsh``): it asks the barrier task on that host to start the
+    (``python -m sparktrain.task.mpi.rsh``): it asks the barrier task on that host to start the
     daemon, so executors need no SSH. ``plm_rsh_no_tree_spawn`` makes mpirun start every
     daemon itself (only its environment knows the tasks' addresses) and
     ``--leave-session-attached`` keeps each daemon in the foreground, owned by its task.
@@ -86,7 +81,7 @@ def mpirun_command(
         "--leave-session-attached",
         "-mca",
         "plm_rsh_agent",
-        f"{python} -m sparktrain.task.rsh",
+        f"{python} -m {RSH_MODULE}",
         "-mca",
         "plm_rsh_no_tree_spawn",
         "1",
@@ -104,16 +99,6 @@ def mpirun_command(
         argv += ["-mca", "btl_tcp_if_include", name, "-mca", "oob_tcp_if_include", name]
     argv += [python, "-m", "sparktrain.worker"]
     return argv
-
-
-def rank_table(envs: Mapping[int, Mapping[str, str]]) -> str:
-    """The value of :data:`RANK_TABLE_ENV` for these ranks' environments."""
-    return json.dumps({str(rank): dict(env) for rank, env in envs.items()}, sort_keys=True)
-
-
-def parse_rank_table(text: str) -> dict[int, dict[str, str]]:
-    """Inverse of :func:`rank_table`."""
-    return {int(rank): dict(env) for rank, env in json.loads(text).items()}
 
 
 def peer_for(host: str, peers: Mapping[str, str]) -> str | None:

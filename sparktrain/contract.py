@@ -1,0 +1,86 @@
+"""Names that cross a process boundary: environment variables, file names and exit codes.
+
+A task's supervisor, mpirun's remote-shell agent, the guard and the worker process each run
+in an interpreter of their own; what one writes and another reads is spelled here, once.
+This module imports nothing of sparktrain's, so every side can import it cheaply.
+
+Variables whose names start with ``_SPARKTRAIN_`` are private to sparktrain's processes;
+``SPARKTRAIN_ATTEMPT`` is public (user code may read it through ``sparktrain.attempt()``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+# -- what every worker process gets from its supervisor ----------------------------------------
+# The pickled function and arguments.
+PAYLOAD_ENV = "_SPARKTRAIN_PAYLOAD"
+# Where rank 0 writes its pickled result (unset on other ranks).
+RESULT_ENV = "_SPARKTRAIN_RESULT"
+# Where a rank writes its JSON error record when it fails in Python.
+ERROR_ENV = "_SPARKTRAIN_ERROR"
+# Largest pickled result rank 0 may write, in bytes.
+MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
+# The index, within CUDA_VISIBLE_DEVICES, of the rank's own GPU.
+DEVICE_INDEX_ENV = "_SPARKTRAIN_DEVICE_INDEX"
+# "0" when the rank must not use CUDA (no GPU assigned, or use_gpu=False).
+USE_GPU_ENV = "_SPARKTRAIN_USE_GPU"
+# The read end of the supervisor's lifeline pipe: EOF means the supervisor is gone.
+PARENT_FD_ENV = "_SPARKTRAIN_PARENT_FD"
+# Seconds between SIGTERM and SIGKILL when a process group is stopped.
+GRACE_ENV = "_SPARKTRAIN_GRACE"
+# ``host:port`` of the driver's channel, and the run's key (hex) to authenticate to it.
+CHANNEL_ENV = "_SPARKTRAIN_CHANNEL"
+KEY_ENV = "_SPARKTRAIN_KEY"
+# Same for every attempt of one run (checkpoint ownership relies on it).
+RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
+# Which launch of the run this is: 0, then one more per restart.
+ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
+
+# -- launcher="mpi" ----------------------------------------------------------------------------
+# A JSON object {global rank: {env var: value}} for the ranks of one host (see rank_table).
+MPI_RANK_TABLE_ENV = "_SPARKTRAIN_MPI_RANKS"
+# The task folder where a host's MPI ranks write their error files (and rank 0 its result).
+OUTCOME_DIR_ENV = "_SPARKTRAIN_OUTCOME_DIR"
+# JSON object {host name as given to mpirun: "address:port" of the task that serves it}.
+RSH_PEERS_ENV = "_SPARKTRAIN_RSH_PEERS"
+# Set by mpirun in every rank it starts.
+OMPI_RANK_ENV = "OMPI_COMM_WORLD_RANK"
+OMPI_SIZE_ENV = "OMPI_COMM_WORLD_SIZE"
+
+# -- files in a task's working folder ----------------------------------------------------------
+PAYLOAD_FILE = "payload.pkl"
+RESULT_FILE = "result.pkl"
+
+
+def error_file_name(rank: int) -> str:
+    """The file a rank writes its JSON error record to."""
+    return f"error-{rank}.json"
+
+
+def pid_file_name(rank: int) -> str:
+    """The file an MPI rank writes its pid to, so its task can reap it."""
+    return f"rank-{rank}.pid"
+
+
+# -- exit codes --------------------------------------------------------------------------------
+# A worker whose function raised, or that could not load it.
+EXIT_FAILED = 1
+# ssh's exit status when the connection fails; mpirun reports it as a failed daemon launch.
+EXIT_CONNECTION_FAILED = 255
+
+
+def shell_status(code: int) -> int:
+    """A process exit code as a shell reports it (killed by signal N: 128 + N)."""
+    return 128 - code if code < 0 else code
+
+
+def rank_table(envs: Mapping[int, Mapping[str, str]]) -> str:
+    """The value of :data:`MPI_RANK_TABLE_ENV` for these ranks' environments."""
+    return json.dumps({str(rank): dict(env) for rank, env in envs.items()}, sort_keys=True)
+
+
+def parse_rank_table(text: str) -> dict[int, dict[str, str]]:
+    """Inverse of :func:`rank_table`."""
+    return {int(rank): dict(env) for rank, env in json.loads(text).items()}

@@ -1,0 +1,36 @@
+"""What a task is handed: the run's settings, its channel and key, and the pickled function."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sparktrain.config import RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskJob:
+    """Everything a task needs, shipped inside the Spark closure (or handed over locally).
+
+    Attributes:
+        run_id: identifies the run (and names its processes' environment).
+        attempt: 0 for the first launch, then one more per restart.
+        config: the run's settings, as RunConfig.to_json().
+        channel: ``host:port`` of the driver's channel.
+        key: the run's HMAC key.
+        payload: the pickled function and arguments.
+        hook: private test hook, a pickled callable run with the task index before rendezvous.
+    """
+
+    run_id: str
+    attempt: int
+    config: dict[str, Any]
+    channel: str
+    key: bytes
+    payload: bytes
+    hook: bytes | None = None
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The RunConfig rebuilt on this side."""
+        return RunConfig.from_json(self.config)

@@ -1,0 +1,205 @@
+"""Who creates a task's rank processes: the seam between the rendezvous and the ranks.
+
+Every task runs the same steps (:mod:`sparktrain.task.entry`): offer a port at rendezvous,
+learn the ClusterSpec, then hand it to its :class:`RankLauncher`, which starts the ranks,
+supervises them and returns one record per rank it is responsible for. Launchers are looked
+up by the run's ``launcher`` setting, never branched on:
+
+* :class:`ProcessLauncher` (default): one ``python -m sparktrain.worker`` per rank of this
+  task, started and watched here.
+* ``"mpi"``: :class:`sparktrain.task.mpi.launch.MpiLaunch`, mpirun on rank 0's task.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sparktrain import contract
+from sparktrain.backends.base import Backend, rank_env
+from sparktrain.cluster import ClusterSpec, RankSpec
+from sparktrain.config import RunConfig
+from sparktrain.task.process import RankProcess, stop_all
+from sparktrain.task.records import error_file, rank_record
+from sparktrain.task.session import TaskSession
+
+# Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task.
+Exchange = Callable[[dict[str, str]], dict[str, str]]
+
+# launcher setting -> "module:Class"; modules are imported only when used.
+_REGISTRY: dict[str, str] = {"mpi": "sparktrain.task.mpi.launch:MpiLaunch"}
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on this host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class RankLauncher(abc.ABC):
+    """Creates and supervises the rank processes of one task (or of the local supervisor).
+
+    Args:
+        session: the task's session (driver link, events, worker environment).
+        bind: the address to listen on, for launchers that serve their peers.
+    """
+
+    def __init__(self, session: TaskSession, bind: str) -> None:
+        self.session = session
+        self.config = session.config
+        self.bind = bind
+
+    @abc.abstractmethod
+    def port(self) -> int:
+        """The port this task offers at rendezvous."""
+
+    @abc.abstractmethod
+    def run(
+        self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
+    ) -> list[dict[str, Any]]:
+        """Run the ranks of ``tasks`` (partition indices) until they have all ended.
+
+        Returns:
+            One record per rank this launcher answers for (see :mod:`sparktrain.task.records`).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the launcher holds (called once, after :meth:`run` or instead of it)."""
+
+
+def launcher_for(config: RunConfig) -> type[RankLauncher]:
+    """The launcher class of ``config.launcher`` (:class:`ProcessLauncher` by default)."""
+    target = _REGISTRY.get(config.launcher or "")
+    if target is None:
+        return ProcessLauncher
+    module_name, _, cls_name = target.partition(":")
+    cls: type[RankLauncher] = getattr(importlib.import_module(module_name), cls_name)
+    return cls
+
+
+def worker_env(
+    session: TaskSession,
+    spec: ClusterSpec,
+    rank: RankSpec,
+    backend: Backend,
+    shared: Mapping[str, str],
+    workdir: Path,
+) -> dict[str, str]:
+    """The environment of ``rank``'s own worker process, over this process's environment."""
+    config = session.config
+    env = dict(os.environ)
+    env.update(rank_env(spec, rank, config))
+    env.update(backend.env(spec, rank, shared, config))
+    # The user's variables win over tunable defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME);
+    # the per-rank ones they may not set are refused by RunConfig.
+    env.update(config.env)
+    env.update(session.common_env(workdir))
+    env.update(
+        {
+            contract.USE_GPU_ENV: "0" if env.get("CUDA_VISIBLE_DEVICES") == "" else "1",
+            contract.ERROR_ENV: str(error_file(workdir, rank.rank)),
+        }
+    )
+    if rank.rank == 0:
+        env[contract.RESULT_ENV] = str(workdir / contract.RESULT_FILE)
+    return env
+
+
+class ProcessLauncher(RankLauncher):
+    """One worker process per rank, started in its own session and watched here."""
+
+    def port(self) -> int:
+        return free_port()
+
+    def run(
+        self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
+    ) -> list[dict[str, Any]]:
+        mine = [r for r in spec.ranks if r.task.index in tasks]
+        holds_rank0 = spec.ranks[0] in mine
+        shared: dict[str, str] = {}
+        if backend.needs_prepare:
+            shared = exchange(backend.prepare(spec, self.config) if holds_rank0 else {})
+        try:
+            with self.session.workdir() as workdir:
+                procs = {r.rank: self._spawn(spec, r, backend, shared, workdir) for r in mine}
+                return self._supervise(mine, procs, workdir)
+        finally:
+            if holds_rank0:
+                backend.teardown()
+
+    def _spawn(
+        self,
+        spec: ClusterSpec,
+        rank: RankSpec,
+        backend: Backend,
+        shared: Mapping[str, str],
+        workdir: Path,
+    ) -> RankProcess:
+        proc = RankProcess(
+            rank.rank,
+            [sys.executable, "-m", "sparktrain.worker"],
+            worker_env(self.session, spec, rank, backend, shared, workdir),
+            str(workdir),
+            on_line=self.session.log,
+            on_exit=self.session.on_exit,
+        )
+        self.session.started(rank, proc.pid)
+        return proc
+
+    def _supervise(
+        self, mine: Sequence[RankSpec], procs: dict[int, RankProcess], workdir: Path
+    ) -> list[dict[str, Any]]:
+        by_rank = {r.rank: r for r in mine}
+        records: dict[int, dict[str, Any]] = {}
+        stopping = False
+        events = self.session.events
+        while len(records) < len(procs):
+            kind, rank_id, value = events.get()
+            if kind == "abort":
+                if not stopping:
+                    stopping = True
+                    live = [p for r, p in procs.items() if r not in records]
+                    threading.Thread(
+                        target=stop_all, args=(live, self.config.grace_period), daemon=True
+                    ).start()
+                continue
+            if kind != "exit" or rank_id not in procs:
+                continue
+            proc = procs[rank_id]
+            proc.join()
+            record = rank_record(
+                by_rank[rank_id],
+                workdir,
+                int(value),
+                proc.tail,
+                proc.exit_time or time.time(),
+                stopped=proc.stopped_by_supervisor,
+            )
+            records[rank_id] = record
+            if record["status"] == "failed":
+                self.session.send({"type": "failure", "failure": record["failure"]})
+                if not stopping and len(procs) > 1:
+                    # Local mode: the other ranks would block in their next collective.
+                    events.put(("abort", -1, f"rank {rank_id} failed"))
+        return [records[r.rank] for r in mine]
+
+
+def allgather_exchange(ctx: Any, spec: ClusterSpec) -> Exchange:
+    """An :data:`Exchange` over a Spark barrier context: every task gets rank 0's task's."""
+
+    def exchange(shared: dict[str, str]) -> dict[str, str]:
+        gathered = ctx.allGather(json.dumps(shared))
+        result: dict[str, str] = json.loads(gathered[spec.ranks[0].task.index])
+        return result
+
+    return exchange

@@ -1,0 +1,259 @@
+"""The task side of ``launcher="mpi"``: one loop that plays this task's roles.
+
+Roles, all derived from the ClusterSpec every task computed identically:
+
+* the *launcher* (the task of rank 0, or the local supervisor for ``np < 0``) runs
+  ``mpirun`` under a guard and builds the record of every rank once it has ended
+  (:class:`~sparktrain.task.mpi.mpirun.Mpirun`);
+* a *host* task (local rank 0 on each other host) starts Open MPI's daemon when mpirun's
+  agent asks (:mod:`sparktrain.task.mpi.rsh`), relays its exit code, and reports the error
+  records its host's ranks wrote to the launcher
+  (:class:`~sparktrain.task.mpi.hosts.HostDaemons`);
+* every other task only holds its slot (and its GPU) until the launcher releases it.
+
+Non-launcher tasks keep one authenticated connection to the launcher's :class:`PeerServer`
+(:class:`~sparktrain.task.mpi.hosts.LauncherLink`: ``member`` → ``daemon_started`` /
+``host_done``; ``release`` comes back). The driver is told of failures by the launcher, as
+the process launcher's tasks do, and aborts every task the usual way.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sparktrain import contract
+from sparktrain.backends.base import Backend, rank_env
+from sparktrain.cluster import ClusterSpec
+from sparktrain.task.launchers import Exchange, RankLauncher
+from sparktrain.task.mpi import command
+from sparktrain.task.mpi.hosts import LAUNCHER_LINK, HostDaemons, LauncherLink
+from sparktrain.task.mpi.mpirun import MPIRUN, Mpirun
+from sparktrain.task.mpi.peers import PeerServer
+from sparktrain.task.process import RankProcess, stop_all
+from sparktrain.task.session import TaskSession
+
+# mpirun and the daemons stop their ranks themselves (SIGTERM, grace, SIGKILL): they get that
+# long and this much more before the supervisor kills them.
+LAUNCHER_SLACK = 3.0
+REAP_WAIT = 5.0
+
+
+class MpiRun:
+    """What every role of one task shares: the layout, the folder, and how to start a launcher.
+
+    Args:
+        session: the task's session.
+        spec: the job's layout.
+        backend: the run's backend (its ``env`` for MPI ranks).
+        server: this task's peer server.
+        local: True for the local supervisor, which launches and serves every host itself.
+    """
+
+    def __init__(
+        self,
+        session: TaskSession,
+        spec: ClusterSpec,
+        backend: Backend,
+        server: PeerServer,
+        local: bool,
+    ) -> None:
+        self.session = session
+        self.config = session.config
+        self.spec = spec
+        self.backend = backend
+        self.server = server
+        self.local = local
+        self.workdir = Path(".")
+        self.stopping = False
+
+    @property
+    def grace(self) -> float:
+        """How long mpirun or a daemon gets to stop its ranks before it is killed."""
+        return self.config.grace_period + LAUNCHER_SLACK
+
+    def host_env(self, host: str) -> dict[str, str]:
+        """The environment of mpirun or a daemon on ``host``, inherited by its ranks."""
+        env = dict(os.environ)
+        env.update(self.config.env)
+        env.update(self.session.common_env(self.workdir))
+        table = {}
+        for rank in self.spec.on_host(host):
+            row = rank_env(self.spec, rank, self.config)
+            row.update(self.backend.env(self.spec, rank, {}, self.config))
+            row[contract.USE_GPU_ENV] = "0" if row.get("CUDA_VISIBLE_DEVICES") == "" else "1"
+            table[rank.rank] = row
+        env[contract.MPI_RANK_TABLE_ENV] = contract.rank_table(table)
+        env[contract.OUTCOME_DIR_ENV] = str(self.workdir)
+        return env
+
+    def guarded(
+        self, key: int, argv: list[str], env: dict[str, str], on_line: Callable[[int, str], None]
+    ) -> RankProcess:
+        """Start mpirun or a daemon under the guard that ties it to this task."""
+        return RankProcess(
+            key,
+            [sys.executable, "-m", command.GUARD_MODULE, *argv],
+            env,
+            str(self.workdir),
+            on_line=on_line,
+            on_exit=self.session.on_exit,
+        )
+
+    def reap(self, host: str) -> None:
+        """Make sure no rank of ``host`` started here outlives its launcher."""
+        import psutil
+
+        procs = []
+        for rank in self.spec.on_host(host):
+            path = self.workdir / contract.pid_file_name(rank.rank)
+            try:
+                proc = psutil.Process(int(path.read_text(encoding="utf-8")))
+                if proc.create_time() <= path.stat().st_mtime + 1:
+                    procs.append(proc)
+            except (OSError, ValueError, psutil.Error):
+                continue
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=REAP_WAIT)
+
+
+class MpiLaunch(RankLauncher):
+    """mpirun creates the ranks: the launcher seam's MPI side (see the module docstring).
+
+    The peer server starts with the launcher, so its port is what the task offers at
+    rendezvous.
+    """
+
+    def __init__(self, session: TaskSession, bind: str) -> None:
+        super().__init__(session, bind)
+        events = session.events
+        self.server = PeerServer(
+            session.job.key, lambda kind, ident, message: events.put((kind, ident, message)), bind
+        )
+
+    def port(self) -> int:
+        return self.server.port
+
+    def close(self) -> None:
+        self.server.close()
+
+    def run(
+        self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
+    ) -> list[dict[str, Any]]:
+        local = len(tasks) > 1
+        index = spec.ranks[0].task.index if local else tasks[0]
+        return MpiTask(MpiRun(self.session, spec, backend, self.server, local), index).run()
+
+
+class MpiTask:
+    """One task's part in an MPI run: its roles, and the loop that feeds them events.
+
+    Args:
+        run: what the roles share.
+        index: this task's partition index (the launcher's, for the local supervisor).
+    """
+
+    def __init__(self, run: MpiRun, index: int) -> None:
+        self.run_ = run
+        self.spec = run.spec
+        self.events = run.session.events
+        self.index = index
+        self.launcher = Mpirun(run, index) if index == self.spec.ranks[0].task.index else None
+        self.hosts = HostDaemons(run, index, report=self._report)
+        self.link: LauncherLink | None = None
+
+    def run(self) -> list[dict[str, Any]]:
+        """Play this task's roles until the run is over; the launcher returns every record."""
+        run = self.run_
+        with run.session.workdir() as workdir:
+            run.workdir = workdir
+            try:
+                if self.launcher is not None:
+                    self.launcher.start()
+                else:
+                    self.link = LauncherLink.join(run, self.index)
+                self._loop()
+                return self.launcher.records() if self.launcher is not None else []
+            finally:
+                stop_all([p for p in self._processes() if p.proc.poll() is None], run.grace)
+                for host, _ in self.spec.hosts():
+                    run.reap(host)
+                if self.link is not None:
+                    self.link.close()
+
+    def _processes(self) -> list[RankProcess]:
+        """mpirun and the daemons this task started (ended or not)."""
+        procs = self.hosts.processes()
+        if self.launcher is not None and self.launcher.proc is not None:
+            procs.append(self.launcher.proc)
+        return procs
+
+    def _finished(self) -> bool:
+        if self.launcher is not None:
+            return not self.hosts.running() and self.launcher.finished()
+        released = self.link is None or self.link.released
+        return (released or self.run_.stopping) and not self.hosts.daemons
+
+    def _loop(self) -> None:
+        while not self._finished():
+            deadline = self.launcher.deadline if self.launcher is not None else None
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                kind, ident, value = self.events.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if kind == "abort":
+                self._stop()
+            elif kind == "exit" and ident == MPIRUN and self.launcher is not None:
+                self.launcher.on_exit(int(value))
+            elif kind == "exit":
+                self.hosts.on_exit(ident, int(value))
+            elif kind == "peer":
+                self._on_peer(ident, value)
+            elif kind == "peer_closed":
+                self._on_peer_closed(ident)
+        if self.launcher is not None:
+            self.launcher.release_members()
+
+    def _stop(self) -> None:
+        if self.run_.stopping:
+            return
+        self.run_.stopping = True
+        live = self._processes()
+        threading.Thread(target=stop_all, args=(live, self.run_.grace), daemon=True).start()
+
+    def _report(self, message: dict[str, Any]) -> None:
+        """Tell the launcher about this task's daemon (itself, when it is the launcher)."""
+        if self.launcher is not None:
+            self.launcher.on_peer(0, message)
+        elif self.link is not None:
+            self.link.send(message)
+
+    def _on_peer(self, conn_id: int, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "rsh":
+            self.hosts.start(conn_id, str(message.get("host")), str(message.get("command")))
+        elif kind == "release" and conn_id == LAUNCHER_LINK and self.link is not None:
+            self.link.released = True
+        elif self.launcher is not None:
+            self.launcher.on_peer(conn_id, message)
+
+    def _on_peer_closed(self, conn_id: int) -> None:
+        if conn_id == LAUNCHER_LINK:
+            if self.link is not None:
+                self.link.released = True  # the launcher is gone: nothing more will come
+            self._stop()
+        else:
+            self.hosts.on_closed(conn_id)
+        if self.launcher is not None:
+            self.launcher.members.discard(conn_id)

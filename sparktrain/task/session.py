@@ -1,0 +1,125 @@
+"""A task's session: its link to the driver, its events, and what every rank process gets.
+
+Whoever creates the rank processes (:mod:`sparktrain.task.launchers`) works through this:
+it sends to the driver, waits on :attr:`TaskSession.events` (exits of its processes, the
+driver's abort, and the peers of an MPI run) and builds each process's environment from
+:meth:`TaskSession.common_env`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sparktrain import contract, wire
+from sparktrain.cluster import RankSpec
+from sparktrain.task.job import TaskJob
+
+# One event: (kind, id, value). Kinds: "exit" (process key, exit code), "abort" (-1, reason),
+# "peer" (connection id, message) and "peer_closed" (connection id, None).
+Event = tuple[str, int, Any]
+
+
+class TaskSession:
+    """One task's (or the local supervisor's) link to the driver and its event queue.
+
+    Args:
+        job: what the task was handed.
+        client: its connection to the driver's channel; ``None`` when the driver could not
+            be reached (messages are then dropped; the ranks still run).
+    """
+
+    def __init__(self, job: TaskJob, client: wire.ChannelClient | None) -> None:
+        self.job = job
+        self.config = job.run_config
+        self.client = client
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.forward_logs = self.config.driver_log_verbosity == "all"
+
+    # -- the driver -----------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Best-effort message to the driver."""
+        if self.client is None:
+            return
+        try:
+            self.client.send(message)
+        except (OSError, wire.FrameError):
+            pass
+
+    def started(self, rank: RankSpec, pid: int) -> None:
+        """Tell the driver which process runs ``rank`` (mpirun, for all ranks of an MPI run)."""
+        self.send(
+            {
+                "type": "started",
+                "rank": rank.rank,
+                "pid": pid,
+                "host": rank.task.host,
+                "index": rank.task.index,
+            }
+        )
+
+    def log(self, rank: int, line: str) -> None:
+        """Forward one line of a rank's output, when the run's verbosity asks for it."""
+        if self.forward_logs:
+            self.send({"type": "log", "rank": rank, "line": line})
+
+    def listen(self) -> None:
+        """Turn the driver's abort (or its disappearance) into an abort event."""
+        if self.client is None:
+            return
+        client = self.client
+
+        def read() -> None:
+            reason = "the driver closed the connection"
+            try:
+                while True:
+                    message = client.receive()
+                    if message.get("type") == "abort":
+                        reason = str(message.get("reason", "aborted by the driver"))
+                        break
+            except (OSError, EOFError, wire.FrameError):
+                if client.closed:
+                    return
+            self.events.put(("abort", -1, reason))
+
+        threading.Thread(target=read, name="sparktrain-abort-listener", daemon=True).start()
+
+    # -- what every worker process gets -----------------------------------------------------
+
+    @contextlib.contextmanager
+    def workdir(self) -> Iterator[Path]:
+        """A fresh folder holding the payload, where the ranks leave their outcome files."""
+        path = Path(tempfile.mkdtemp(prefix=f"sparktrain-{self.job.run_id}-"))
+        try:
+            (path / contract.PAYLOAD_FILE).write_bytes(self.job.payload)
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def common_env(self, workdir: Path) -> dict[str, str]:
+        """What every worker process of this task gets, whatever its rank."""
+        paths = [p for p in sys.path if p and os.path.exists(p)]
+        return {
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(paths),
+            contract.RUN_ID_ENV: self.job.run_id,
+            contract.ATTEMPT_ENV: str(self.job.attempt),
+            contract.GRACE_ENV: str(self.config.grace_period),
+            contract.CHANNEL_ENV: self.job.channel,
+            contract.KEY_ENV: self.job.key.hex(),
+            contract.PAYLOAD_ENV: str(workdir / contract.PAYLOAD_FILE),
+            contract.MAX_RESULT_ENV: str(self.config.max_result_bytes),
+        }
+
+    def on_exit(self, key: int, code: int) -> None:
+        """A process's exit, as an event for the loop that waits on them."""
+        self.events.put(("exit", key, code))
