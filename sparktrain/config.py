@@ -1,4 +1,9 @@
-"""RunConfig: every setting of a run, validated once, from defaults, Spark conf, env and kwargs."""
+"""RunConfig: every setting of a run, validated once, from defaults, Spark conf, env and kwargs.
+
+The built-in defaults are the field defaults of :class:`RunConfig` and nowhere else.
+``sparktrain/defaults.conf``, shipped in the package as the settings' documentation, is
+written from them by :func:`render_defaults_conf`; a unit test fails when the two differ.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,8 @@ import dataclasses
 import math
 import os
 import re
+import textwrap
 from collections.abc import Callable, Mapping
-from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
@@ -63,31 +68,59 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r} (use true or false)")
 
 
-def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    return lambda text: None if text.strip().lower() in ("", "none", "auto") else parse(text)
+def format_duration(seconds: float) -> str:
+    """The text form of a duration that :func:`parse_duration` reads back: ``"120s"``."""
+    if float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    if float(seconds * 1000).is_integer():
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds}s"
 
 
-# field name -> (conf key suffix, parser of its text form). Fields absent here (np, env) are
-# only given as arguments.
-_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "backend": ("backend", str.strip),
-    "driver_log_verbosity": ("driverLogVerbosity", str.strip),
-    "start_timeout": ("startTimeout", parse_duration),
-    "timeout": ("timeout", _optional(parse_duration)),
-    "capacity_wait": ("capacityWait", parse_duration),
-    "grace_period": ("gracePeriod", parse_duration),
-    "use_gpu": ("useGpu", _optional(parse_bool)),
-    "max_payload_bytes": ("maxPayloadBytes", parse_size),
-    "max_result_bytes": ("maxResultBytes", parse_size),
-    "max_restarts": ("maxRestarts", int),
-    "restart_on_user_error": ("restartOnUserError", parse_bool),
-    "launcher": ("launcher", _optional(str.strip)),
+def format_size(size: int) -> str:
+    """The text form of a size that :func:`parse_size` reads back: ``"256m"``."""
+    for unit in "tgmk":
+        if size and size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]}{unit}"
+    return str(size)
+
+
+# kind of setting -> (parser of its text form, writer of its text form)
+_KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
+    "str": (str.strip, str),
+    "int": (int, str),
+    "bool": (parse_bool, lambda value: "true" if value else "false"),
+    "duration": (parse_duration, format_duration),
+    "size": (parse_size, format_size),
 }
+_UNSET_WORDS = ("", "none", "auto")
+
+
+def _setting(default: Any, key: str, kind: str, doc: str, unset: str | None = None) -> Any:
+    """A field that the Spark conf and the environment can set, with its default.
+
+    Args:
+        default: the built-in default (the only place it is written).
+        key: the Spark conf key after ``spark.sparktrain.``.
+        kind: how its text form is read and written (a key of ``_KINDS``).
+        doc: what it means, for ``defaults.conf``.
+        unset: for a field that may be None, the word ``defaults.conf`` writes for None;
+            any of ``none``, ``auto`` or nothing reads as None.
+    """
+    metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def conf_key(field: str) -> str:
-    """The Spark conf key of a field, e.g. ``spark.sparktrain.startTimeout``."""
-    return CONF_PREFIX + _KEYS[field][0]
+    """The Spark conf key of a field, e.g. ``spark.sparktrain.startTimeout``.
+
+    Raises:
+        KeyError: for a field that only a keyword argument sets (``np``, ``env``).
+    """
+    for setting in _settings():
+        if setting.name == field:
+            return CONF_PREFIX + str(setting.metadata["key"])
+    raise KeyError(field)
 
 
 def env_key(field: str) -> str:
@@ -104,19 +137,66 @@ class RunConfig:
     """
 
     np: int
-    backend: str = "torch"
-    driver_log_verbosity: str = "all"
-    start_timeout: float = 120.0
-    timeout: float | None = None
-    capacity_wait: float = 60.0
-    grace_period: float = 10.0
+    backend: str = _setting(
+        "torch", "backend", "str", "how the ranks find each other: torch or horovod."
+    )
+    driver_log_verbosity: str = _setting(
+        "all",
+        "driverLogVerbosity",
+        "str",
+        "all streams every rank's output to the driver; log_callback_only only log_to_driver() "
+        "messages (and failed ranks' output, in the error).",
+    )
+    start_timeout: float = _setting(
+        120.0, "startTimeout", "duration", "how long every rank has to reach the rendezvous."
+    )
+    timeout: float | None = _setting(
+        None, "timeout", "duration", "how long the whole run may take.", unset="none"
+    )
+    capacity_wait: float = _setting(
+        60.0,
+        "capacityWait",
+        "duration",
+        "how long a freshly started session may take to register executors before a run is "
+        "refused for lack of task slots.",
+    )
+    grace_period: float = _setting(
+        10.0, "gracePeriod", "duration", "time between SIGTERM and SIGKILL when ranks are stopped."
+    )
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    use_gpu: bool | None = None
-    max_payload_bytes: int = 256 << 20
-    max_result_bytes: int = 256 << 20
-    max_restarts: int = 0
-    restart_on_user_error: bool = False
-    launcher: str | None = None
+    use_gpu: bool | None = _setting(
+        None,
+        "useGpu",
+        "bool",
+        "false hides GPUs from the ranks; auto gives each rank the GPU assigned to it, if any; "
+        "true also refuses to run ranks on the driver without one GPU each.",
+        unset="auto",
+    )
+    max_payload_bytes: int = _setting(
+        256 << 20, "maxPayloadBytes", "size", "largest pickled function and arguments."
+    )
+    max_result_bytes: int = _setting(
+        256 << 20, "maxResultBytes", "size", "largest pickled result of rank 0."
+    )
+    max_restarts: int = _setting(
+        0,
+        "maxRestarts",
+        "int",
+        "whole-run launches after a rank is lost (killed, executor lost, rendezvous timeout).",
+    )
+    restart_on_user_error: bool = _setting(
+        False,
+        "restartOnUserError",
+        "bool",
+        "also restart (up to maxRestarts) after an exception raised by the function.",
+    )
+    launcher: str | None = _setting(
+        None,
+        "launcher",
+        "str",
+        "who starts the ranks of backend horovod: gloo (sparktrain does; auto) or mpi (mpirun).",
+        unset="auto",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np == 0:
@@ -198,7 +278,7 @@ class RunConfig:
         spark_conf: Mapping[str, str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> RunConfig:
-        """Build a config: built-in defaults < Spark conf < environment < ``overrides``.
+        """Build a config: field defaults < Spark conf < environment < ``overrides``.
 
         Args:
             np: number of ranks (negative: on the driver).
@@ -210,18 +290,15 @@ class RunConfig:
             ConfigurationError: for any invalid value, naming where it came from.
         """
         values: dict[str, Any] = {}
-        layers: list[tuple[str, Mapping[str, str]]] = [
-            ("sparktrain/defaults.conf", _builtin_defaults()),
-            ("Spark conf", spark_conf or {}),
-        ]
+        conf = spark_conf or {}
         env = os.environ if environ is None else environ
-        for field, (suffix, parse) in _KEYS.items():
-            for where, layer in layers:
-                key = CONF_PREFIX + suffix
-                if key in layer:
-                    values[field] = _parse(parse, layer[key], f"{key} in {where}")
-            if env_key(field) in env:
-                values[field] = _parse(parse, env[env_key(field)], env_key(field))
+        for setting in _settings():
+            parse = _parser(setting)
+            key, variable = conf_key(setting.name), env_key(setting.name)
+            if key in conf:
+                values[setting.name] = _parse(parse, conf[key], f"{key} in Spark conf")
+            if variable in env:
+                values[setting.name] = _parse(parse, env[variable], variable)
         for name, value in (overrides or {}).items():
             if name not in {f.name for f in dataclasses.fields(cls)} or name == "np":
                 raise ConfigurationError(f"unknown setting {name!r}")
@@ -248,18 +325,40 @@ def _parse(parse: Callable[[str], Any], text: str, where: str) -> Any:
         raise ConfigurationError(f"{where}: {exc}") from None
 
 
-def _builtin_defaults() -> dict[str, str]:
-    text = resources.files("sparktrain").joinpath("defaults.conf").read_text(encoding="utf-8")
-    return parse_conf_text(text)
+def _settings() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields that the Spark conf and the environment can set, in declaration order."""
+    return tuple(f for f in dataclasses.fields(RunConfig) if "key" in f.metadata)
 
 
-def parse_conf_text(text: str) -> dict[str, str]:
-    """Parse Spark-conf style ``key value`` lines; ``#`` starts a comment line."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.partition(" ")
-        out[key.strip()] = value.strip()
-    return out
+def _parser(setting: dataclasses.Field[Any]) -> Callable[[str], Any]:
+    parse = _KINDS[setting.metadata["kind"]][0]
+    if setting.metadata["unset"] is None:
+        return parse
+    return lambda text: None if text.strip().lower() in _UNSET_WORDS else parse(text)
+
+
+_DEFAULTS_HEADER = """\
+# Built-in defaults of sparktrain, written from the field defaults of sparktrain.config.RunConfig,
+# which are the only source: change a default there, then regenerate this file from the
+# repository's root with
+# python -c "import sparktrain.config as c; print(c.render_defaults_conf(), end='')" > sparktrain/defaults.conf
+#
+# Every key can be overridden, in increasing precedence, by the Spark conf of the session (same
+# key), by an environment variable (SPARKTRAIN_ + the argument's name in upper case, e.g.
+# SPARKTRAIN_START_TIMEOUT), and by a keyword argument of SparkRunner (start_timeout=...).
+# Durations are seconds (or 500ms, 30s, 5m, 1h); sizes are bytes (or 64k, 256m, 1g); none and
+# auto mean no value. The format is Spark's: `key value` or `key=value`, # for comments.
+"""
+
+
+def render_defaults_conf() -> str:
+    """The text of ``sparktrain/defaults.conf``: every setting, its meaning and its default."""
+    parts = [_DEFAULTS_HEADER]
+    for setting in _settings():
+        meta = setting.metadata
+        about = f"{setting.name} ({env_key(setting.name)}): {meta['doc']}"
+        value = setting.default
+        text = meta["unset"] if value is None else _KINDS[meta["kind"]][1](value)
+        parts.append("\n" + textwrap.fill(about, 98, initial_indent="# ", subsequent_indent="# "))
+        parts.append(f"\n{conf_key(setting.name):<40} {text}".rstrip() + "\n")
+    return "".join(parts)

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparktrain.conf_file import read_conf_file
+
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 ESSENTIALS = ("python", "torch")
 MIN_PYTHON = (3, 10)
@@ -363,18 +365,8 @@ def spark_defaults() -> tuple[dict[str, str], str | None]:
     for directory in filter(None, dirs):
         path = os.path.join(directory, "spark-defaults.conf")
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                lines = [line.strip() for line in fh]
-            return dict(_split_conf(line) for line in lines if line and line[0] != "#"), path
+            return read_conf_file(path), path
     return {}, None
-
-
-def _split_conf(line: str) -> tuple[str, str]:
-    """``key value`` or ``key=value``, as Spark's properties files allow."""
-    match = re.match(r"^([^\s=]+)(?:\s*=\s*|\s+)(.*)$", line)
-    if match is None:
-        return line, ""
-    return match.group(1), match.group(2).strip()
 
 
 def check_spark_gpus(

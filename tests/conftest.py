@@ -13,6 +13,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from sparktrain.conf_file import read_conf_file
 from tests import fixtures
 
 # Executors cannot import the tests package: ship every module of tests/fixtures by value.
@@ -27,12 +28,10 @@ CONF = ROOT / "conf"
 
 def spark_test_conf() -> dict[str, str]:
     """conf/spark-defaults.conf with {conf} filled in, plus this interpreter for executors."""
-    conf: dict[str, str] = {}
-    for line in (CONF / "spark-defaults.conf").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition(" ")
-            conf[key.strip()] = value.strip().replace("{conf}", str(CONF))
+    conf = {
+        key: value.replace("{conf}", str(CONF))
+        for key, value in read_conf_file(CONF / "spark-defaults.conf").items()
+    }
     conf["spark.pyspark.python"] = sys.executable
     conf["spark.pyspark.driver.python"] = sys.executable
     return conf

@@ -1,4 +1,4 @@
-"""RunConfig: validation, the precedence of its sources, text parsing, JSON round trip."""
+"""RunConfig: validation, the precedence of its sources, text forms, defaults.conf, JSON."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +16,18 @@ import pytest
 from sparktrain import SparkRunner
 from sparktrain import config as config_module
 from sparktrain.backends import backend_names, check_backend_name, get_backend
+from sparktrain.conf_file import parse_conf_text
 from sparktrain.config import (
     RESERVED_ENV,
     RunConfig,
     conf_key,
     env_key,
+    format_duration,
+    format_size,
     parse_bool,
-    parse_conf_text,
     parse_duration,
     parse_size,
+    render_defaults_conf,
 )
 from sparktrain.errors import ConfigurationError, SparkTrainError
 
@@ -488,19 +492,50 @@ def test_parse_bool_errors(text: str) -> None:
         parse_bool(text)
 
 
-def test_parse_conf_text() -> None:
-    text = """
-        # comment
-        spark.sparktrain.startTimeout    30s
+@pytest.mark.parametrize("seconds", [120.0, 60, 10.0, 0.5, 0.25, 1.5, 3600.0])
+def test_format_duration_reads_back(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
 
-        spark.sparktrain.backend horovod
-        spark.sparktrain.launcher
-    """
-    assert parse_conf_text(text) == {
-        "spark.sparktrain.startTimeout": "30s",
-        "spark.sparktrain.backend": "horovod",
-        "spark.sparktrain.launcher": "",
-    }
+
+@pytest.mark.parametrize(
+    "size, text",
+    [(256 << 20, "256m"), (1 << 30, "1g"), (64 << 10, "64k"), (1000, "1000"), (0, "0")],
+)
+def test_format_size_reads_back(size: int, text: str) -> None:
+    assert format_size(size) == text and parse_size(text) == size
+
+
+# --- defaults.conf: written from the field defaults, never edited by hand ----------------------
+
+
+def test_shipped_defaults_conf_is_rendered_from_the_field_defaults() -> None:
+    shipped = resources.files("sparktrain").joinpath("defaults.conf").read_text(encoding="utf-8")
+    assert shipped == render_defaults_conf(), (
+        "sparktrain/defaults.conf differs from RunConfig's field defaults; regenerate it with "
+        "python -c \"import sparktrain.config as c; print(c.render_defaults_conf(), end='')\" "
+        "> sparktrain/defaults.conf"
+    )
+
+
+def test_defaults_conf_reads_back_as_the_field_defaults() -> None:
+    conf = parse_conf_text(render_defaults_conf())
+    settable = [f.name for f in dataclasses.fields(RunConfig) if f.name not in ("np", "env")]
+    assert set(conf) == {conf_key(name) for name in settable}  # every setting, nothing else
+    assert RunConfig.resolve(1, spark_conf=conf, environ={}) == RunConfig(np=1)
+    # ... and through the environment too, which reads the same text forms.
+    environ = {env_key(name): conf[conf_key(name)] for name in settable}
+    assert RunConfig.resolve(1, environ=environ) == RunConfig(np=1)
+
+
+def test_defaults_conf_names_every_backend() -> None:
+    [line] = [line for line in render_defaults_conf().splitlines() if line.startswith("# backend")]
+    assert all(name in line for name in backend_names())
+
+
+def test_np_and_env_have_no_conf_key() -> None:
+    for name in ("np", "env"):
+        with pytest.raises(KeyError):
+            conf_key(name)
 
 
 # --- JSON --------------------------------------------------------------------------------------
