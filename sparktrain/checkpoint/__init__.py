@@ -11,7 +11,9 @@ its data is complete: fsynced and renamed into place on a local disk; on an obje
 upload has finished, since a PUT is all-or-nothing. A marker names its data object together
 with its size and SHA-256, so a data object that is missing, truncated or altered is detected
 and skipped. Killing the writer at any instant therefore leaves the previous checkpoint
-intact, and pruning (``keep_last``) starts only after the new marker is in place.
+intact, and pruning (``keep_last``) starts only after the new marker is in place. Pruning
+counts intact checkpoints only, checked as ``load_latest`` checks them, so it never deletes
+an intact checkpoint to keep a damaged one.
 
 Example:
     >>> ckpt = sparktrain.checkpoint.load_latest("s3://bucket/run1")
@@ -26,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -41,10 +42,12 @@ from sparktrain.checkpoint._errors import (
     CheckpointOwnershipError,
     CheckpointWarning,
 )
+from sparktrain.checkpoint._integrity import Unusable, verify
 from sparktrain.checkpoint._owner import OWNER_FILE as OWNER_FILE  # public, not in __all__
 from sparktrain.checkpoint._owner import RUN_ID_ENV
+from sparktrain.checkpoint._retention import tidy
 from sparktrain.checkpoint._store import _HashingWriter, _Store
-from sparktrain.checkpoint.layout import MalformedMarker, marker_name, parse_marker
+from sparktrain.checkpoint.layout import marker_name
 from sparktrain.errors import ConfigurationError
 from sparktrain.worker import context
 
@@ -59,7 +62,6 @@ __all__ = [
 ]
 
 _FORMAT = 1
-_CHUNK = 1 << 20
 _ATTEMPTS = 3  # listings of a directory that a concurrent save keeps pruning
 
 
@@ -75,18 +77,6 @@ class Checkpoint(NamedTuple):
     step: int
     state: Any
     path: str
-
-
-class _Unusable(Exception):
-    """Why one checkpoint cannot be used; turned into a warning.
-
-    ``vanished`` means its files were deleted while being read: a concurrent save pruned
-    it, so a newer checkpoint exists and the directory is worth listing again.
-    """
-
-    def __init__(self, message: str, vanished: bool = False) -> None:
-        super().__init__(message)
-        self.vanished = vanished
 
 
 def _directory(directory: object) -> str:
@@ -134,8 +124,13 @@ def save(
         state: anything ``torch.save`` can write, e.g. ``{"model": m.state_dict()}``.
         directory: a local path, ``file://`` URL or any fsspec URL (``s3://b/run1``).
         step: the non-negative step number; :func:`load_latest` returns the highest.
-        keep_last: after the new checkpoint is committed, delete all but the newest
-            ``keep_last`` (None keeps every one).
+        keep_last: after the new checkpoint is committed, keep it and the newest
+            ``keep_last - 1`` other intact ones, and delete the rest (None keeps every one).
+            Intact means what :func:`load_latest` checks: the data's size and SHA-256 match
+            the commit marker, so those earlier checkpoints are read back. Damaged ones are
+            not counted and are deleted with a warning naming them: they can never be
+            loaded. If one cannot be read (an I/O error), this save deletes nothing, since it
+            might be intact; the next save tries again.
         storage_options: fsspec options for URLs, e.g. ``{"anon": False}`` or
             ``{"client_kwargs": {"endpoint_url": url}}``; ignored for local paths.
         take_over: allow this run to take the directory over from a run that claimed it
@@ -188,40 +183,8 @@ def save(
         "time": time.time(),
     }
     store.write(marker_name(step), lambda f: f.write(json.dumps(marker).encode()))
-    _tidy(store, step, data, keep_last)
+    tidy(store, step, data, keep_last)
     return store.url(data)
-
-
-def _tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
-    """After ``step`` is committed: prune old checkpoints and drop unreferenced data.
-
-    Markers go before their data, so an interrupted prune leaves only unreferenced files,
-    which a later save removes.
-    """
-    names = store.names()
-    markers = dict(layout.committed(names))
-    newer = sorted(s for s in markers if s > step)
-    if newer:
-        warnings.warn(
-            f"saved step {step} into {store.where}, which already holds newer step(s) "
-            f"{newer}: load_latest returns step {newer[-1]}; delete those or save higher steps",
-            CheckpointWarning,
-            stacklevel=3,
-        )
-    doomed: set[int] = set()
-    if keep_last is not None:
-        doomed = set(sorted((s for s in markers if s != step), reverse=True)[keep_last - 1 :])
-    for s in doomed:
-        store.remove(markers[s])
-    for name in names:
-        of = layout.data_step(name)
-        if of is not None and name != data:
-            # Another file of this step was replaced just now; a step without a marker is
-            # an interrupted save; a doomed step was pruned.
-            if of == step or of in doomed or of not in markers:
-                store.remove(name)
-        elif layout.is_partial(name):
-            store.remove(name)  # left by a save killed before its rename
 
 
 def load_latest(
@@ -286,53 +249,20 @@ def load_latest(
 
 def _newest(
     store: _Store, names: list[str], map_location: Any, weights_only: bool
-) -> tuple[Checkpoint | None, dict[int, _Unusable]]:
+) -> tuple[Checkpoint | None, dict[int, Unusable]]:
     """The newest usable checkpoint among ``names``, and why each newer one was skipped."""
-    skipped: dict[int, _Unusable] = {}
+    skipped: dict[int, Unusable] = {}
     for step, _marker in layout.committed(names):
         try:
-            data = _verify(store, step)
+            data = verify(store, step)
             state = _load(store, data, map_location, weights_only)
-        except _Unusable as exc:
+        except Unusable as exc:
             skipped[step] = exc
             if exc.vanished:  # pruned under us: everything older is going too
                 return None, skipped
             continue
         return Checkpoint(step, state, store.url(data)), skipped
     return None, skipped
-
-
-def _verify(store: _Store, step: int) -> str:
-    """Check one commit marker and its data; return the data file's name."""
-    try:
-        _, data, size, digest = parse_marker(store.read(marker_name(step)), step)
-    except FileNotFoundError:
-        raise _Unusable("the commit marker vanished while being read", vanished=True) from None
-    except MalformedMarker as exc:
-        raise _Unusable(str(exc)) from None
-    except (OSError, ValueError) as exc:
-        raise _Unusable(f"the commit marker is unreadable ({exc})") from None
-    try:
-        actual = store.size(data)
-        if actual != size:
-            raise _Unusable(
-                f"{store.url(data)} is truncated or altered: {actual} bytes, "
-                f"its commit marker records {size}"
-            )
-        sha256 = hashlib.sha256()
-        with store.open(data) as f:
-            while chunk := f.read(_CHUNK):
-                sha256.update(chunk)
-    except FileNotFoundError:
-        vanished = not store.exists(marker_name(step))
-        raise _Unusable(f"its data file {store.url(data)} is missing", vanished) from None
-    except OSError as exc:
-        raise _Unusable(f"its data file {store.url(data)} cannot be read ({exc})") from None
-    if sha256.hexdigest() != digest:
-        raise _Unusable(
-            f"{store.url(data)} is corrupted: its SHA-256 differs from the one in its commit marker"
-        )
-    return data
 
 
 def _load(store: _Store, data: str, map_location: Any, weights_only: bool) -> Any:
@@ -342,7 +272,7 @@ def _load(store: _Store, data: str, map_location: Any, weights_only: bool) -> An
         with store.open(data) as f:
             return torch.load(f, map_location=map_location, weights_only=weights_only)
     except FileNotFoundError:
-        raise _Unusable(f"its data file {store.url(data)} vanished", vanished=True) from None
+        raise Unusable(f"its data file {store.url(data)} vanished", "vanished") from None
     except Exception as exc:
         hint = ""
         if weights_only and "weights_only" in str(exc):
