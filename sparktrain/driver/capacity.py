@@ -10,7 +10,11 @@ import re
 import time
 from typing import Any
 
+from sparktrain.config import conf_key
 from sparktrain.errors import CapacityError
+from sparktrain.log import get_logger
+
+_log = get_logger(__name__)
 
 POLL_INTERVAL = 0.25
 # How long slots held by other jobs may take to free up before the run is refused.
@@ -64,6 +68,7 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
         )
     deadline = (since if since is not None else sc.startTime / 1000.0) + wait
     busy_deadline: float | None = None
+    told_registering = False
     while True:
         total = total_slots(sc)
         busy = busy_slots(sc)
@@ -72,7 +77,16 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
         now = time.time()
         if total >= n and busy:
             # Tasks of a job that was just cancelled (a failed run) take a moment to end.
-            busy_deadline = busy_deadline or now + min(wait, BUSY_WAIT)
+            if busy_deadline is None:
+                busy_deadline = now + min(wait, BUSY_WAIT)
+                _log.info(
+                    "np=%d: %d of the cluster's %d task slots are busy with other jobs; "
+                    "waiting up to %.0fs for them to free up",
+                    n,
+                    busy,
+                    total,
+                    busy_deadline - now,
+                )
             if now >= busy_deadline:
                 raise CapacityError(
                     f"np={n} needs {n} free task slots at once, but {busy} of the cluster's "
@@ -80,6 +94,17 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
                 )
         elif now >= deadline:
             break
+        elif not told_registering:
+            told_registering = True
+            _log.info(
+                "np=%d needs %d task slots at once and the cluster has %d so far; waiting up "
+                "to %.0fs for executors to register (%s)",
+                n,
+                n,
+                total,
+                deadline - now,
+                conf_key("capacity_wait"),
+            )
         time.sleep(POLL_INTERVAL)  # executors register with no event Python can wait on
     task_cpus = conf.get("spark.task.cpus", "1")
     gpus = conf.get("spark.task.resource.gpu.amount")

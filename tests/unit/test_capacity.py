@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -176,6 +177,23 @@ def test_busy_slots_fail_after_a_short_wait(monkeypatch: pytest.MonkeyPatch) -> 
     assert "3 of the cluster's 4 slots are busy with other jobs" in message
 
 
+def test_busy_slots_wait_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    sc = FakeSc(slots=2, busy=[2])
+    looks: list[int] = []
+
+    def free_on_third_look(stage_id: int) -> StageInfo | None:
+        looks.append(stage_id)
+        return StageInfo(2 if len(looks) < 3 else 0) if stage_id == 0 else None
+
+    sc._tracker.getStageInfo = free_on_third_look  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="sparktrain"):
+        check_capacity(sc, 2, wait=30)
+    assert [r.getMessage() for r in caplog.records] == [
+        "np=2: 2 of the cluster's 2 task slots are busy with other jobs; waiting up to 15s "
+        "for them to free up"
+    ]
+
+
 def test_slots_freed_by_an_ending_job_are_used() -> None:
     sc = FakeSc(slots=2, busy=[2])
 
@@ -193,13 +211,27 @@ def test_busy_but_enough_free_slots_returns() -> None:
     check_capacity(FakeSc(slots=8, busy=[3]), 4, wait=30)
 
 
-def test_young_session_waits_for_executors_to_register() -> None:
+def test_young_session_waits_for_executors_to_register(caplog: pytest.LogCaptureFixture) -> None:
     answers = iter([0, 0, 1, 3])
     sc = FakeSc(slots=lambda: next(answers, 3), age=0.0)
     start = time.monotonic()
-    check_capacity(sc, 3, wait=30)
+    with caplog.at_level(logging.INFO, logger="sparktrain"):
+        check_capacity(sc, 3, wait=30)
     assert time.monotonic() - start < 1.0
     assert sc.slot_calls == 4
+    # Said once, not at every poll, with the setting that bounds the wait.
+    [record] = caplog.records
+    assert record.name == "sparktrain.driver.capacity" and record.levelno == logging.INFO
+    message = record.getMessage()
+    assert message.startswith("np=3 needs 3 task slots at once and the cluster has 0 so far")
+    assert "waiting up to 30s for executors to register" in message
+    assert "spark.sparktrain.capacityWait" in message
+
+
+def test_enough_slots_at_once_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="sparktrain"):
+        check_capacity(FakeSc(slots=4), 2, wait=30)
+    assert caplog.records == []
 
 
 def test_young_session_gives_up_at_its_deadline() -> None:
