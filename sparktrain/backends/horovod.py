@@ -1,7 +1,7 @@
 """Horovod backend: Horovod's own Gloo rendezvous server plus the ``HOROVOD_*`` rank env.
 
 With ``launcher="mpi"`` the ranks are started by mpirun instead (see
-:mod:`sparktrain.task.mpirun`) and this backend only selects Horovod's MPI controller.
+:mod:`sparktrain.task.mpi`) and this backend only selects Horovod's MPI controller.
 
 ``hvd.init()`` under Gloo reads its place in the job from the environment
 (``HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*``) and meets its peers through an HTTP key-value store
