@@ -131,11 +131,37 @@ class WorkerFailure:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WorkerFailure:
-        """Rebuild a record from :meth:`to_json` output, ignoring unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
-        kwargs["output_tail"] = tuple(kwargs.get("output_tail") or ())
+        """Rebuild a record from :meth:`to_json` output, ignoring unknown keys.
+
+        Raises:
+            ValueError: ``rank`` is missing, or a field has a value of the wrong type.
+        """
+        kwargs = {k: v for k, v in data.items() if k in _FIELD_TYPES}
+        for name, value in kwargs.items():
+            types = _FIELD_TYPES[name]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ValueError(f"failure record field {name}={value!r:.80}")
+        if "rank" not in kwargs:
+            raise ValueError("failure record without a rank")
+        tail = kwargs.get("output_tail") or ()
+        kwargs["output_tail"] = tuple(str(line) for line in tail)
         return cls(**kwargs)
+
+
+_NONE = type(None)
+# The JSON types each field of a WorkerFailure record may take.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "rank": (int,),
+    "host": (str,),
+    "exc_type": (str, _NONE),
+    "message": (str,),
+    "traceback": (str, _NONE),
+    "exit_code": (int, _NONE),
+    "output_tail": (list, tuple, _NONE),
+    "time": (int, float),
+    "user_error": (bool,),
+    "phase": (str,),
+}
 
 
 def _without_traceback(tail: list[str], traceback: str | None) -> list[str]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.errors import (
@@ -22,12 +23,15 @@ from sparktrain.errors import (
     WorkerFailedError,
     WorkerFailure,
 )
+from sparktrain.wire import protocol
 
 DONE = "_done"
 # Once ranks are told to stop, how long beyond their grace period to wait for them to confirm.
 STOP_SLACK = 5.0
 # After a forced cancel, how long to wait for the launch to report that it ended.
 CANCEL_WAIT = 15.0
+# After the launch ended, how long to wait for tasks' last messages (up to their "exited").
+DRAIN_WAIT = 2.0
 
 
 class Launch(Protocol):
@@ -74,6 +78,12 @@ class RunMonitor:
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
         self.stop_error: SparkTrainError | None = None
+        # Authenticated messages of an unknown kind or with missing or mistyped fields.
+        self.malformed = 0
+        # Whether the tasks were told to start their ranks (every task had arrived).
+        self.go_sent = False
+        # What each task said of itself at rendezvous (a TaskInfo as JSON), by index.
+        self.infos: dict[int, dict[str, Any]] = {}
 
     def _print(self, text: str) -> None:
         try:
@@ -102,14 +112,26 @@ class RunMonitor:
         stop_deadline: float | None = None
         cancel_deadline: float | None = None
         done: dict[str, Any] | None = None
+        drain_deadline: float | None = None
         interrupted = False
         while True:
+            if done is not None and drain_deadline is None:
+                drain_deadline = time.monotonic() + DRAIN_WAIT
             # After a stop, the job may end before every task confirmed its ranks are gone
-            # (a Spark cancel is asynchronous): keep listening for those confirmations.
-            confirming = stop_deadline is not None and not self.exited >= self.arrived
+            # (a Spark cancel is asynchronous): keep listening for those confirmations. After
+            # any end, a task's last messages (its final log lines) may still be on their way:
+            # they come before its "exited", so wait a moment for that.
+            draining = drain_deadline is not None and time.monotonic() < drain_deadline
+            # Tasks whose records came back have run, even if their hello is still on its way.
+            expected = self.arrived | {r.get("index") for r in (done or {}).get("records") or ()}
+            confirming = (stop_deadline is not None or draining) and not self.exited >= expected
             if done is not None and not confirming:
                 break
-            deadlines = [d for d in (run_deadline, stop_deadline, cancel_deadline) if d is not None]
+            deadlines = [
+                d
+                for d in (run_deadline, stop_deadline, cancel_deadline, drain_deadline)
+                if d is not None
+            ]
             if len(self.arrived) < self.n and self.stop_reason is None:
                 deadlines.append(rendezvous_deadline)
             wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
@@ -160,9 +182,9 @@ class RunMonitor:
                     "sparktrain: interrupted; stopping every rank (Ctrl-C again to cancel at once)"
                 )
                 stop_deadline = self._stop(SparkTrainError("interrupted"), launch)
-            if stop_deadline is not None and (self.exited >= self.arrived or not self.started):
-                # Every task has confirmed its ranks are gone (or none ever started, as when
-                # tasks wait in the rendezvous): end the job now.
+            if stop_deadline is not None and (self.exited >= self.arrived or not self.go_sent):
+                # Every task has confirmed its ranks are gone, or the tasks were never told to
+                # start any (they wait for "go", or in Spark's rendezvous): end the job now.
                 stop_deadline, cancel_deadline = None, self._cancel(launch)
         if interrupted:
             raise KeyboardInterrupt
@@ -178,46 +200,86 @@ class RunMonitor:
         self.stop_error = error
         self.stop_reason = str(error) if error else "stopping"
         self.server.broadcast(
-            {"type": "abort", "reason": self.stop_reason}, list(self.task_conns.values())
+            protocol.ABORT(reason=self.stop_reason), list(self.task_conns.values())
         )
         return time.monotonic() + self.config.grace_period + STOP_SLACK
 
     def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
-        kind = message.get("type")
-        if kind == "log":
-            self._print(f"[rank {message.get('rank')}] {message.get('line', '')}")
-        elif kind == "user_log":
-            self._print(f"[rank {message.get('rank')}] {message.get('message', '')}")
-        elif kind == "report":
+        if message.get("type") == CLOSED:
+            return self._closed(conn_id)
+        kind = protocol.parse(message, protocol.TO_DRIVER)
+        if kind is None or not self._valid(kind, message):
+            # Authenticated, so from a holder of the run's key, but not a message we know:
+            # a version mismatch or a bug, never a reason to end the run.
+            self.malformed += 1
+        elif kind is protocol.LOG:
+            self._print(f"[rank {message['rank']}] {message['line']}")
+        elif kind is protocol.USER_LOG:
+            self._print(f"[rank {message['rank']}] {message['message']}")
+        elif kind is protocol.REPORT:
             if self.on_report is not None:
                 self.on_report(message)
-        elif kind == "hello":
-            index = int(message["index"])
+        elif kind is protocol.HELLO:
+            index = message["index"]
             self.arrived.add(index)
             self.task_conns.setdefault(index, conn_id)
-        elif kind == "started":
-            self.started[int(message["rank"])] = message
-        elif kind == "failure":
+            self.infos.setdefault(index, message["info"])
+            if self.stop_reason is not None:
+                # It arrived after the stop went out: it must not start its ranks either.
+                self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
+            elif len(self.arrived) == self.n and not self.go_sent:
+                # From here on a task may start ranks; before it, none can have.
+                self.go_sent = True
+                tasks = [self.infos[i] for i in range(self.n)]
+                self.server.broadcast(protocol.GO(tasks=tasks), list(self.task_conns.values()))
+        elif kind is protocol.SHARED:
+            # What rank 0's task prepared (e.g. Horovod's rendezvous server), for every task.
+            self.server.broadcast(message, list(self.task_conns.values()))
+        elif kind is protocol.STARTED:
+            self.started[message["rank"]] = message
+        elif kind is protocol.FAILURE:
             failure = WorkerFailure.from_json(message["failure"])
             self.failures.setdefault(failure.rank, failure)
             return WorkerFailedError(self.failures)
-        elif kind == "exited":
-            self.exited.add(int(message["index"]))
-        elif kind == CLOSED:
-            lost = [i for i, c in self.task_conns.items() if c == conn_id and i not in self.exited]
-            for index in lost:
-                self.exited.add(index)
-                if self.stop_reason is None:
-                    ranks = [r for r, m in self.started.items() if m.get("index") == index]
-                    failure = WorkerFailure(
-                        rank=ranks[0] if ranks else index,
-                        phase="lost",
-                        time=time.time(),
-                        message="its Spark task vanished (executor lost or Python worker "
-                        "killed) before the rank finished",
-                    )
-                    self.failures.setdefault(index, failure)
-                    return WorkerFailedError(self.failures)
+        elif kind is protocol.EXITED:
+            self.exited.add(message["index"])
+        return None
+
+    def _valid(self, kind: protocol.Kind, message: dict[str, Any]) -> bool:
+        """Whether the fields' values make sense for this run (their types are checked)."""
+        if kind is protocol.HELLO:
+            try:
+                info = TaskInfo.from_json(message["info"])
+            except (KeyError, TypeError, ValueError):
+                return False
+            return 0 <= message["index"] < self.n and info.index == message["index"]
+        if kind is protocol.EXITED:
+            return 0 <= message["index"] < self.n
+        if kind is protocol.SHARED:
+            return all(isinstance(v, str) for v in message["values"].values())
+        if kind is protocol.FAILURE:
+            try:
+                WorkerFailure.from_json(message["failure"])
+            except (KeyError, TypeError, ValueError):
+                return False
+        return True
+
+    def _closed(self, conn_id: int) -> SparkTrainError | None:
+        """A task's connection ended: unless it said its ranks exited, they are lost."""
+        lost = [i for i, c in self.task_conns.items() if c == conn_id and i not in self.exited]
+        for index in lost:
+            self.exited.add(index)
+            if self.stop_reason is None:
+                ranks = [r for r, m in self.started.items() if m.get("index") == index]
+                failure = WorkerFailure(
+                    rank=ranks[0] if ranks else index,
+                    phase="lost",
+                    time=time.time(),
+                    message="its Spark task vanished (executor lost or Python worker "
+                    "killed) before the rank finished",
+                )
+                self.failures.setdefault(index, failure)
+                return WorkerFailedError(self.failures)
         return None
 
     def _rendezvous_timeout(self) -> RendezvousTimeoutError:

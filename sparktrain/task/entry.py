@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,13 @@ import cloudpickle
 
 from sparktrain import wire
 from sparktrain.backends import get_backend
+from sparktrain.backends.base import Backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.errors import ConfigurationError
 from sparktrain.task.job import TaskJob
-from sparktrain.task.launchers import RankLauncher, allgather_exchange, launcher_for
+from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.session import TaskSession
+from sparktrain.wire import protocol
 
 __all__ = ["TaskJob", "local_gpus", "run_local", "run_spark_task"]
 
@@ -70,13 +72,32 @@ def _session(job: TaskJob, bind: str, indices: range) -> Iterator[tuple[TaskSess
     finally:
         launcher.close()
         for index in indices:
-            session.send({"type": "exited", "index": index})
+            session.send(protocol.EXITED(index=index))
         if client is not None:
             client.close()
 
 
 def _hello(session: TaskSession, info: TaskInfo) -> None:
-    session.send({"type": "hello", "index": info.index, "info": json.loads(info.to_json())})
+    session.send(protocol.HELLO(index=info.index, info=json.loads(info.to_json())))
+
+
+def _launch(
+    session: TaskSession,
+    launcher: RankLauncher,
+    tasks: Sequence[int],
+    backend: Backend,
+    exchange: Exchange,
+) -> list[dict[str, Any]]:
+    """Wait for the driver's word that every task is there, then start the ranks of ``tasks``.
+
+    Returns:
+        Their records; none when the run was stopped before they could start.
+    """
+    infos = session.wait_for_go()
+    if infos is None:
+        return []
+    spec = build_cluster_spec([TaskInfo.from_json(info) for info in infos])
+    return launcher.run(spec, tasks, backend, exchange)
 
 
 def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
@@ -102,8 +123,7 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
         )
         _hello(session, info)
         session.listen()
-        spec = build_cluster_spec([TaskInfo.from_json(t) for t in ctx.allGather(info.to_json())])
-        yield from launcher.run(spec, [index], backend, allgather_exchange(ctx, spec))
+        yield from _launch(session, launcher, [index], backend, session.exchange)
 
 
 def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
@@ -146,7 +166,6 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
     gpus = local_gpus(config.use_gpu, n)
     cpus = max(1, (os.cpu_count() or 1) // n)
     with _session(job, "127.0.0.1", range(n)) as (session, launcher):
-        infos = []
         for index in range(n):
             host = _run_hook(job, index).get("host") or "127.0.0.1"
             info = TaskInfo(
@@ -159,7 +178,5 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
                 ifname=interface_of(host),
             )
             _hello(session, info)
-            infos.append(info)
         session.listen()
-        spec = build_cluster_spec(infos)
-        return launcher.run(spec, range(n), backend, lambda shared: shared)
+        return _launch(session, launcher, range(n), backend, local_exchange)

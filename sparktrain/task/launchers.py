@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import abc
 import importlib
-import json
 import os
 import socket
 import sys
@@ -29,11 +28,14 @@ from sparktrain.backends.base import Backend, rank_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 from sparktrain.task.process import RankProcess, stop_all
-from sparktrain.task.records import error_file, rank_record
+from sparktrain.task.records import error_file, rank_record, record
 from sparktrain.task.session import TaskSession
+from sparktrain.wire import protocol
 
-# Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task.
-Exchange = Callable[[dict[str, str]], dict[str, str]]
+# Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task: called
+# with the values on rank 0's task and None on the others; returns rank 0's values, or None
+# when the run was stopped first.
+Exchange = Callable[[dict[str, str] | None], dict[str, str] | None]
 
 # launcher setting -> "module:Class"; modules are imported only when used.
 _REGISTRY: dict[str, str] = {"mpi": "sparktrain.task.mpi.launch:MpiLaunch"}
@@ -126,10 +128,12 @@ class ProcessLauncher(RankLauncher):
     ) -> list[dict[str, Any]]:
         mine = [r for r in spec.ranks if r.task.index in tasks]
         holds_rank0 = spec.ranks[0] in mine
-        shared: dict[str, str] = {}
-        if backend.needs_prepare:
-            shared = exchange(backend.prepare(spec, self.config) if holds_rank0 else {})
         try:
+            shared: dict[str, str] | None = {}
+            if backend.needs_prepare:
+                shared = exchange(backend.prepare(spec, self.config) if holds_rank0 else None)
+            if shared is None:
+                return [record(r, "stopped") for r in mine]
             with self.session.workdir() as workdir:
                 procs = {r.rank: self._spawn(spec, r, backend, shared, workdir) for r in mine}
                 return self._supervise(mine, procs, workdir)
@@ -187,19 +191,13 @@ class ProcessLauncher(RankLauncher):
             )
             records[rank_id] = record
             if record["status"] == "failed":
-                self.session.send({"type": "failure", "failure": record["failure"]})
+                self.session.send(protocol.FAILURE(failure=record["failure"]))
                 if not stopping and len(procs) > 1:
                     # Local mode: the other ranks would block in their next collective.
                     events.put(("abort", -1, f"rank {rank_id} failed"))
         return [records[r.rank] for r in mine]
 
 
-def allgather_exchange(ctx: Any, spec: ClusterSpec) -> Exchange:
-    """An :data:`Exchange` over a Spark barrier context: every task gets rank 0's task's."""
-
-    def exchange(shared: dict[str, str]) -> dict[str, str]:
-        gathered = ctx.allGather(json.dumps(shared))
-        result: dict[str, str] = json.loads(gathered[spec.ranks[0].task.index])
-        return result
-
-    return exchange
+def local_exchange(values: dict[str, str] | None) -> dict[str, str] | None:
+    """The :data:`Exchange` of the local supervisor, which holds every rank itself."""
+    return values

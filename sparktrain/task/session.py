@@ -22,6 +22,7 @@ from typing import Any
 from sparktrain import contract, wire
 from sparktrain.cluster import RankSpec
 from sparktrain.task.job import TaskJob
+from sparktrain.wire import protocol
 
 # One event: (kind, id, value). Kinds: "exit" (process key, exit code), "abort" (-1, reason),
 # "peer" (connection id, message) and "peer_closed" (connection id, None).
@@ -43,6 +44,14 @@ class TaskSession:
         self.client = client
         self.events: queue.Queue[Event] = queue.Queue()
         self.forward_logs = self.config.driver_log_verbosity == "all"
+        # Set with the "abort" event, so a launcher can skip starting ranks it must stop.
+        self.aborted = threading.Event()
+        # Set when the driver says every task has arrived (see wait_for_go), and when it
+        # hands out what rank 0's task prepared (see exchange); also set on abort.
+        self._go = threading.Event()
+        self._shared = threading.Event()
+        self._tasks: list[dict[str, Any]] = []
+        self._shared_values: dict[str, str] = {}
 
     # -- the driver -----------------------------------------------------------------------
 
@@ -58,19 +67,13 @@ class TaskSession:
     def started(self, rank: RankSpec, pid: int) -> None:
         """Tell the driver which process runs ``rank`` (mpirun, for all ranks of an MPI run)."""
         self.send(
-            {
-                "type": "started",
-                "rank": rank.rank,
-                "pid": pid,
-                "host": rank.task.host,
-                "index": rank.task.index,
-            }
+            protocol.STARTED(rank=rank.rank, pid=pid, host=rank.task.host, index=rank.task.index)
         )
 
     def log(self, rank: int, line: str) -> None:
         """Forward one line of a rank's output, when the run's verbosity asks for it."""
         if self.forward_logs:
-            self.send({"type": "log", "rank": rank, "line": line})
+            self.send(protocol.LOG(rank=rank, line=line))
 
     def listen(self) -> None:
         """Turn the driver's abort (or its disappearance) into an abort event."""
@@ -83,15 +86,58 @@ class TaskSession:
             try:
                 while True:
                     message = client.receive()
-                    if message.get("type") == "abort":
-                        reason = str(message.get("reason", "aborted by the driver"))
+                    kind = protocol.parse(message, protocol.TO_TASK)
+                    if kind is protocol.GO:
+                        self._tasks = list(message["tasks"])
+                        self._go.set()
+                    elif kind is protocol.SHARED:
+                        self._shared_values = dict(message["values"])
+                        self._shared.set()
+                    elif kind is protocol.ABORT:
+                        reason = message["reason"]
                         break
             except (OSError, EOFError, wire.FrameError):
                 if client.closed:
                     return
+            self.aborted.set()
+            self._go.set()
+            self._shared.set()
             self.events.put(("abort", -1, reason))
 
         threading.Thread(target=read, name="sparktrain-abort-listener", daemon=True).start()
+
+    def wait_for_go(self) -> list[dict[str, Any]] | None:
+        """Block until the driver lets the ranks start: every task's info, by index.
+
+        The driver says "go" once every task has arrived, with what each said of itself, so
+        the tasks need no barrier of Spark's to learn the layout, and until then the driver
+        knows no rank can have started and may end the job at once.
+
+        Returns:
+            The TaskInfos (as JSON), or None when the run was stopped instead.
+        """
+        if self.client is None:
+            return None  # the driver never heard of this task: it counts it as missing
+        self._go.wait(self.config.start_timeout + self.config.grace_period)
+        if not self._go.is_set() or self.aborted.is_set():
+            return None
+        return self._tasks
+
+    def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
+        """Hand what rank 0's task prepared to every task, through the driver.
+
+        Args:
+            values: what this task prepared, on the task of rank 0; None on the others.
+
+        Returns:
+            Rank 0's task's values, or None when the run was stopped first.
+        """
+        if values is not None:
+            self.send(protocol.SHARED(values=values))
+        self._shared.wait(self.config.start_timeout + self.config.grace_period)
+        if not self._shared.is_set() or self.aborted.is_set():
+            return None
+        return self._shared_values
 
     # -- what every worker process gets -----------------------------------------------------
 

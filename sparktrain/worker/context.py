@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from sparktrain import contract, wire
+from sparktrain.wire import protocol
 
 # Re-exported for code that reads the run id where a rank runs (checkpoint ownership).
 RUN_ID_ENV = contract.RUN_ID_ENV
@@ -144,7 +145,7 @@ def log_to_driver(message: object) -> None:
         >>> sparktrain.log_to_driver(f"epoch {epoch}: loss {loss:.3f}")
     """
     text = str(message)
-    if not _send({"type": "user_log", "rank": rank(), "message": text[: wire.MAX_FRAME // 2]}):
+    if not _send(protocol.USER_LOG(rank=rank(), message=text[: wire.MAX_FRAME // 2])):
         print(text, flush=True)
 
 
@@ -178,13 +179,7 @@ def report(*, step: int | None = None, epoch: int | None = None, **metrics: floa
             continue
         if math.isfinite(number):
             clean[name] = number
-    message = {
-        "type": "report",
-        "rank": rank(),
-        "step": _as_int(step),
-        "epoch": _as_int(epoch),
-        "metrics": clean,
-    }
+    message = protocol.REPORT(rank=rank(), step=_as_int(step), epoch=_as_int(epoch), metrics=clean)
     if not _send(message) and rank() == 0:
         print(
             "sparktrain.report "

@@ -165,7 +165,7 @@ def test_bad_magic_is_refused_before_anything_else_is_read(
 
 
 def _authentic_raw(body: bytes, seq: int = 0) -> bytes:
-    mac = wire._mac(KEY, NONCE, wire.TO_SERVER, seq, body)
+    mac = wire.frames._mac(KEY, NONCE, wire.TO_SERVER, seq, body)
     return HEADER.pack(MAGIC, len(body)) + mac + body
 
 

@@ -16,6 +16,7 @@ from sparktrain import contract, wire
 from sparktrain.task.mpi import command
 from sparktrain.task.process import RankProcess
 from sparktrain.task.records import clip, read_errors
+from sparktrain.wire import protocol
 
 if TYPE_CHECKING:
     from sparktrain.task.mpi.launch import MpiRun
@@ -59,17 +60,17 @@ class HostDaemons:
         started = {h for h, _ in self.daemons.values()} | self.done
         if self.run.stopping or host not in self.serves or host in started:
             why = "stopping" if self.run.stopping else f"this task does not serve {host!r}"
-            server.send(conn_id, {"type": "rsh_output", "line": f"sparktrain: {why}"})
-            server.send(conn_id, {"type": "rsh_exit", "code": contract.EXIT_CONNECTION_FAILED})
+            server.send(conn_id, protocol.RSH_OUTPUT(line=f"sparktrain: {why}"))
+            server.send(conn_id, protocol.RSH_EXIT(code=contract.EXIT_CONNECTION_FAILED))
             return
 
         def on_line(_key: int, line: str) -> None:
-            server.send(conn_id, {"type": "rsh_output", "line": line})
+            server.send(conn_id, protocol.RSH_OUTPUT(line=line))
 
         argv = ["/bin/sh", "-c", argv_text]
         proc = self.run.guarded(conn_id, argv, self.run.host_env(host), on_line)
         self.daemons[conn_id] = (host, proc)
-        self.report({"type": "daemon_started", "host": host})
+        self.report(protocol.DAEMON_STARTED(host=host))
 
     def on_exit(self, conn_id: int, code: int) -> None:
         """The daemon started for ``conn_id`` has ended with ``code``."""
@@ -77,16 +78,15 @@ class HostDaemons:
         self.done.add(host)
         proc.join()
         self.run.reap(host)
-        self.run.server.send(conn_id, {"type": "rsh_exit", "code": code})
+        self.run.server.send(conn_id, protocol.RSH_EXIT(code=code))
         errors = read_errors(self.run.workdir, self.run.spec.on_host(host))
         self.report(
-            {
-                "type": "host_done",
-                "host": host,
-                "code": code,
-                "errors": {str(r): e for r, e in errors.items()},
-                "tail": clip(proc.tail),
-            }
+            protocol.HOST_DONE(
+                host=host,
+                code=code,
+                errors={str(r): e for r, e in errors.items()},
+                tail=clip(proc.tail),
+            )
         )
 
     def on_closed(self, conn_id: int) -> None:
@@ -116,7 +116,7 @@ class LauncherLink:
             client = wire.ChannelClient(
                 f"{task.host}:{task.port}", run.session.job.key, timeout=run.config.start_timeout
             )
-            client.send({"type": "member", "index": index})
+            client.send(protocol.MEMBER(index=index))
         except OSError:
             events.put(("peer_closed", LAUNCHER_LINK, None))
             return cls(None)

@@ -38,6 +38,7 @@ from sparktrain.task.mpi.mpirun import MPIRUN, Mpirun
 from sparktrain.task.mpi.peers import PeerServer
 from sparktrain.task.process import RankProcess, stop_all
 from sparktrain.task.session import TaskSession
+from sparktrain.wire import protocol
 
 # mpirun and the daemons stop their ranks themselves (SIGTERM, grace, SIGKILL): they get that
 # long and this much more before the supervisor kills them.
@@ -171,6 +172,8 @@ class MpiTask:
         self.launcher = Mpirun(run, index) if index == self.spec.ranks[0].task.index else None
         self.hosts = HostDaemons(run, index, report=self._report)
         self.link: LauncherLink | None = None
+        # Authenticated messages that were not of a kind this task accepts, or malformed.
+        self.malformed = 0
 
     def run(self) -> list[dict[str, Any]]:
         """Play this task's roles until the run is over; the launcher returns every record."""
@@ -235,18 +238,23 @@ class MpiTask:
     def _report(self, message: dict[str, Any]) -> None:
         """Tell the launcher about this task's daemon (itself, when it is the launcher)."""
         if self.launcher is not None:
-            self.launcher.on_peer(0, message)
+            kind = protocol.parse(message, protocol.TO_PEER)
+            assert kind is not None, message
+            self.launcher.on_peer(0, kind, message)
         elif self.link is not None:
             self.link.send(message)
 
     def _on_peer(self, conn_id: int, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "rsh":
-            self.hosts.start(conn_id, str(message.get("host")), str(message.get("command")))
-        elif kind == "release" and conn_id == LAUNCHER_LINK and self.link is not None:
+        accepted = protocol.TO_MEMBER if conn_id == LAUNCHER_LINK else protocol.TO_PEER
+        kind = protocol.parse(message, accepted)
+        if kind is None:
+            self.malformed += 1
+        elif kind is protocol.RSH:
+            self.hosts.start(conn_id, message["host"], message["command"])
+        elif kind is protocol.RELEASE and self.link is not None:
             self.link.released = True
         elif self.launcher is not None:
-            self.launcher.on_peer(conn_id, message)
+            self.launcher.on_peer(conn_id, kind, message)
 
     def _on_peer_closed(self, conn_id: int) -> None:
         if conn_id == LAUNCHER_LINK:

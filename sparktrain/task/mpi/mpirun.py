@@ -17,6 +17,7 @@ from sparktrain import contract
 from sparktrain.task.mpi import command
 from sparktrain.task.process import TAIL_LINES, RankProcess
 from sparktrain.task.records import mpi_records, read_errors
+from sparktrain.wire import protocol
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -103,24 +104,23 @@ class Mpirun:
         grace = 0.0 if self.run.stopping else self.run.config.grace_period + HOST_REPORT_WAIT
         self.deadline = time.monotonic() + grace
 
-    def on_peer(self, conn_id: int, message: Mapping[str, Any]) -> None:
+    def on_peer(self, conn_id: int, kind: protocol.Kind, message: Mapping[str, Any]) -> None:
         """A message from another task of the run (or this task's own host role)."""
-        kind = message.get("type")
-        if kind == "member":
-            self.joined.add(int(message.get("index", -1)))
+        if kind is protocol.MEMBER:
+            self.joined.add(message["index"])
             self.members.add(conn_id)
-        elif kind == "daemon_started":
-            if str(message.get("host")) not in self.reports:
-                self.pending_hosts.add(str(message.get("host")))
-        elif kind == "host_done":
-            host = str(message.get("host"))
+        elif kind is protocol.DAEMON_STARTED:
+            if message["host"] not in self.reports:
+                self.pending_hosts.add(message["host"])
+        elif kind is protocol.HOST_DONE:
+            host = message["host"]
             self.reports[host] = dict(message)
             self.pending_hosts.discard(host)
 
     def release_members(self) -> None:
         """Let the other tasks go: the run is over."""
         for conn_id in self.members:
-            self.run.server.send(conn_id, {"type": "release"})
+            self.run.server.send(conn_id, protocol.RELEASE())
 
     def records(self) -> list[dict[str, Any]]:
         """Every rank's record; failures are sent to the driver too."""
@@ -146,5 +146,5 @@ class Mpirun:
         )
         for rec in records:
             if rec["status"] == "failed":
-                self.run.session.send({"type": "failure", "failure": rec["failure"]})
+                self.run.session.send(protocol.FAILURE(failure=rec["failure"]))
         return records

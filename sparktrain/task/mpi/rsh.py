@@ -21,6 +21,7 @@ import sys
 
 from sparktrain import contract, wire
 from sparktrain.task.mpi.command import RSH_MODULE, peer_for
+from sparktrain.wire import protocol
 
 CONNECT_TIMEOUT = 30.0
 CONNECTION_FAILED = contract.EXIT_CONNECTION_FAILED
@@ -66,14 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, hang_up)
     try:
-        client.send({"type": "rsh", "host": host, "command": command})
+        client.send(protocol.RSH(host=host, command=command))
         while True:
             message = client.receive()
-            if message.get("type") == "rsh_output":
-                sys.stderr.write(f"{message.get('line', '')}\n")
+            kind = protocol.parse(message, protocol.TO_AGENT)
+            if kind is protocol.RSH_OUTPUT:
+                sys.stderr.write(f"{message['line']}\n")
                 sys.stderr.flush()
-            elif message.get("type") == "rsh_exit":
-                return contract.shell_status(int(message.get("code", CONNECTION_FAILED)))
+            elif kind is protocol.RSH_EXIT:
+                return contract.shell_status(message["code"])
     except (OSError, EOFError, wire.FrameError) as exc:
         print(f"sparktrain rsh: lost the task for {host} at {address}: {exc}", file=sys.stderr)
         return CONNECTION_FAILED

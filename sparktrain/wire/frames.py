@@ -1,4 +1,4 @@
-"""Authenticated, bounded frames between tasks / workers and the driver's channel.
+"""Authenticated, bounded frames between tasks / workers and the servers of a run.
 
 A connection starts with the server sending a random nonce. Every frame after that, in both
 directions, is ``MAGIC | length (u32) | HMAC-SHA256 | body``; the HMAC covers the run's key,
@@ -16,8 +16,11 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
+# The first frame a client sends: small, so a server can authenticate before buffering more.
+AUTH = "auth"
 MAGIC = b"SPT1"
 NONCE_BYTES = 16
 MAC_BYTES = 32
@@ -48,10 +51,22 @@ def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[s
     return _HEADER.pack(MAGIC, len(body)) + _mac(key, nonce, direction, seq, body) + body
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly ``n`` bytes; EOFError if the peer closes first."""
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """Read exactly ``n`` bytes; EOFError if the peer closes first.
+
+    Args:
+        sock: the socket.
+        n: how many bytes.
+        deadline: a ``time.monotonic()`` by which all of them must have arrived; past it,
+            TimeoutError. ``None`` leaves the socket's own timeout in charge.
+    """
     chunks = []
     while n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the frame did not arrive in time")
+            sock.settimeout(remaining)
         chunk = sock.recv(min(n, 1 << 16))
         if not chunk:
             raise EOFError("connection closed")
@@ -61,21 +76,48 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def read_frame(
-    sock: socket.socket, key: bytes, nonce: bytes, direction: bytes, seq: int
+    sock: socket.socket,
+    key: bytes,
+    nonce: bytes,
+    direction: bytes,
+    seq: int,
+    *,
+    limit: int = MAX_FRAME,
+    deadline: float | None = None,
+    frame_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Read and authenticate one frame; the body is parsed only after the HMAC checks out.
 
+    Args:
+        sock: the connection.
+        key: the run's key.
+        nonce: the connection's nonce.
+        direction: :data:`TO_SERVER` or :data:`TO_CLIENT`.
+        seq: the frame's sequence number in that direction.
+        limit: the largest body accepted (at most :data:`MAX_FRAME`).
+        deadline: a ``time.monotonic()`` by which the whole frame must have arrived.
+        frame_timeout: without ``deadline``: wait for the frame's first byte as long as it
+            takes, then give the rest this many seconds.
+
     Raises:
         EOFError: the peer closed the connection.
+        TimeoutError: the frame did not arrive by its deadline.
         FrameError: bad magic, oversized length, bad HMAC or a body that is not a JSON object.
     """
-    magic, length = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+    if deadline is None and frame_timeout is not None:
+        sock.settimeout(None)
+        first = recv_exact(sock, 1)
+        deadline = time.monotonic() + frame_timeout
+        header = first + recv_exact(sock, _HEADER.size - 1, deadline)
+    else:
+        header = recv_exact(sock, _HEADER.size, deadline)
+    magic, length = _HEADER.unpack(header)
     if magic != MAGIC:
         raise FrameError("bad magic")
-    if length > MAX_FRAME:
-        raise FrameError(f"frame length {length} exceeds {MAX_FRAME}")
-    mac = recv_exact(sock, MAC_BYTES)
-    body = recv_exact(sock, length)
+    if length > min(limit, MAX_FRAME):
+        raise FrameError(f"frame length {length} exceeds {min(limit, MAX_FRAME)}")
+    mac = recv_exact(sock, MAC_BYTES, deadline)
+    body = recv_exact(sock, length, deadline)
     if not hmac.compare_digest(mac, _mac(key, nonce, direction, seq, body)):
         raise FrameError("authentication failed")
     try:
@@ -112,6 +154,8 @@ class ChannelClient:
         self._recv_seq = 0
         self._lock = threading.Lock()
         self.closed = False
+        # A small first frame proves the key before the server buffers anything larger.
+        self.send({"type": AUTH})
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one message; raises OSError if the connection is gone."""

@@ -1,0 +1,143 @@
+"""Every message of a run: its kind, who sends it to whom, and the fields it must carry.
+
+A message is a JSON object with ``"type"`` naming its :class:`Kind`. Senders build messages
+with the kind (``protocol.LOG(rank=0, line="...")``), receivers check them with
+:func:`parse` against the kinds they accept: a message that authenticated but is of another
+kind, or lacks a field, or carries one of the wrong type, is dropped and counted by the
+receiver, never acted upon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from sparktrain.wire.frames import AUTH as AUTH
+
+_NONE = type(None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of message.
+
+    Attributes:
+        name: the value of its ``"type"`` field.
+        fields: each required field and the JSON types it may have.
+    """
+
+    name: str
+    fields: Mapping[str, tuple[type, ...]] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, **fields: Any) -> dict[str, Any]:
+        """A message of this kind.
+
+        Raises:
+            ValueError: a required field is missing, or one is of the wrong type.
+        """
+        message = {"type": self.name, **fields}
+        problem = self.problem(message)
+        if problem is not None:
+            raise ValueError(problem)
+        return message
+
+    def problem(self, message: Mapping[str, Any]) -> str | None:
+        """What is wrong with ``message`` as one of this kind, or None."""
+        for name, types in self.fields.items():
+            if name not in message:
+                return f"{self.name} message without {name!r}"
+            value = message[name]
+            if isinstance(value, bool) and bool not in types:
+                return f"{self.name} message with {name}={value!r}"
+            if not isinstance(value, types):
+                return f"{self.name} message with {name} of type {type(value).__name__}"
+        return None
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Kind) and other.name == self.name
+
+
+def _kind(name: str, **fields: type | tuple[type, ...]) -> Kind:
+    return Kind(name, {k: v if isinstance(v, tuple) else (v,) for k, v in fields.items()})
+
+
+# -- tasks and workers → the driver's channel ----------------------------------------------
+HELLO = _kind("hello", index=int, info=dict)  # a task reached the rendezvous
+STARTED = _kind("started", rank=int, pid=int, host=str, index=int)  # a rank's process runs
+LOG = _kind("log", rank=int, line=str)  # a line of a rank's output
+USER_LOG = _kind("user_log", rank=int, message=str)  # sparktrain.log_to_driver()
+REPORT = _kind(  # sparktrain.report()
+    "report", rank=int, step=(int, _NONE), epoch=(int, _NONE), metrics=dict
+)
+FAILURE = _kind("failure", failure=dict)  # a rank failed (a WorkerFailure as JSON)
+EXITED = _kind("exited", index=int)  # a task's ranks are all gone
+# -- the driver → tasks ----------------------------------------------------------------------
+ABORT = _kind("abort", reason=str)  # stop every rank now
+GO = _kind("go", tasks=list)  # every task has arrived (their infos, by index): start
+# both ways: rank 0's task → the driver → every task; what the backend prepared for the ranks
+SHARED = _kind("shared", values=dict)
+# -- an MPI run: mpirun's agent and the other tasks → a task's peer server ----------------
+RSH = _kind("rsh", host=str, command=str)  # start the daemon for this host
+MEMBER = _kind("member", index=int)  # a task joins the launcher
+DAEMON_STARTED = _kind("daemon_started", host=str)
+HOST_DONE = _kind("host_done", host=str, code=int, errors=dict, tail=list)
+# -- a task's peer server → mpirun's agent, and the launcher → its members ---------------
+RSH_OUTPUT = _kind("rsh_output", line=str)
+RSH_EXIT = _kind("rsh_exit", code=int)
+RELEASE = _kind("release")
+
+TO_DRIVER: frozenset[Kind] = frozenset(
+    {HELLO, STARTED, LOG, USER_LOG, REPORT, FAILURE, EXITED, SHARED}
+)
+TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHARED})
+TO_PEER: frozenset[Kind] = frozenset({RSH, MEMBER, DAEMON_STARTED, HOST_DONE})
+TO_AGENT: frozenset[Kind] = frozenset({RSH_OUTPUT, RSH_EXIT})
+TO_MEMBER: frozenset[Kind] = frozenset({RELEASE})
+
+_BY_NAME = {
+    kind.name: kind
+    for kinds in (TO_DRIVER, TO_TASK, TO_PEER, TO_AGENT, TO_MEMBER)
+    for kind in kinds
+}
+
+
+def parse(message: Mapping[str, Any], accepted: Collection[Kind]) -> Kind | None:
+    """The kind of ``message`` if it is one of ``accepted`` and well formed, else None."""
+    name = message.get("type")
+    kind = _BY_NAME.get(name) if isinstance(name, str) else None
+    if kind is None or kind not in accepted or kind.problem(message) is not None:
+        return None
+    return kind
+
+
+__all__ = [
+    "ABORT",
+    "AUTH",
+    "DAEMON_STARTED",
+    "EXITED",
+    "FAILURE",
+    "GO",
+    "HELLO",
+    "HOST_DONE",
+    "LOG",
+    "MEMBER",
+    "RELEASE",
+    "REPORT",
+    "RSH",
+    "RSH_EXIT",
+    "RSH_OUTPUT",
+    "SHARED",
+    "STARTED",
+    "TO_AGENT",
+    "TO_DRIVER",
+    "TO_MEMBER",
+    "TO_PEER",
+    "TO_TASK",
+    "USER_LOG",
+    "Kind",
+    "parse",
+]

@@ -1,0 +1,174 @@
+"""The frame server under unauthenticated traffic: it authenticates before it buffers, holds
+every connection to absolute deadlines, and bounds connections (and so threads)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sparktrain import wire
+from sparktrain.wire import server as server_mod
+from sparktrain.wire.frames import MAGIC, NONCE_BYTES
+
+KEY = b"k" * 32
+HEADER = struct.Struct(">4sI")
+
+
+class Collecting:
+    """A FrameServer whose messages and closes land on a queue."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.events: queue.Queue[tuple[str, int, Any]] = queue.Queue()
+        self.server = wire.FrameServer(
+            KEY,
+            lambda conn_id, message: self.events.put(("message", conn_id, message)),
+            lambda conn_id: self.events.put(("closed", conn_id, None)),
+            **kwargs,
+        )
+
+    def next(self, timeout: float = 5.0) -> tuple[str, int, Any]:
+        return self.events.get(timeout=timeout)
+
+
+@pytest.fixture
+def collecting(request: pytest.FixtureRequest) -> Iterator[Collecting]:
+    srv = Collecting(**getattr(request, "param", {}))
+    yield srv
+    srv.server.close()
+
+
+def raw_connect(srv: wire.FrameServer) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection(wire.parse_address(srv.address), timeout=5)
+    return sock, wire.recv_exact(sock, NONCE_BYTES)
+
+
+def dropped(sock: socket.socket, within: float = 5.0) -> bool:
+    """Whether the server closes ``sock`` within ``within`` seconds."""
+    sock.settimeout(within)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_client_authenticates_with_a_small_first_frame(collecting: Collecting) -> None:
+    client = wire.ChannelClient(collecting.server.address, KEY, timeout=5)
+    try:
+        big = {"type": "log", "line": "x" * (wire.MAX_FRAME - 100)}
+        client.send(big)  # only an authenticated connection may send this much
+        kind, _, message = collecting.next()
+        assert kind == "message" and message == big  # the auth frame itself is not delivered
+    finally:
+        client.close()
+    assert collecting.next()[0] == "closed"
+    assert collecting.server.rejected == 0
+
+
+def test_a_large_first_frame_is_refused_before_its_body_is_read(collecting: Collecting) -> None:
+    sock, _ = raw_connect(collecting.server)
+    try:
+        # A header announcing more than an authentication frame may hold, and no body at all:
+        # the server must drop it on the header, not wait to buffer the body.
+        sock.sendall(HEADER.pack(MAGIC, server_mod.AUTH_FRAME_MAX + 1))
+        assert dropped(sock)
+    finally:
+        sock.close()
+    assert collecting.server.rejected == 1
+    assert collecting.events.empty()
+
+
+def test_a_trickle_of_bytes_does_not_hold_a_connection_open(
+    collecting: Collecting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_mod, "AUTH_TIMEOUT", 0.5)
+    sock, nonce = raw_connect(collecting.server)
+    frame = wire.encode(b"w" * 32, nonce, wire.TO_SERVER, 0, {"type": "log", "line": "x" * 200})
+    gone = False
+    try:
+        # One byte at a time, each well within any per-byte timeout: only an absolute
+        # deadline ends this connection.
+        for byte in frame:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                gone = True
+                break
+            if dropped(sock, within=0.05):
+                gone = True
+                break
+    finally:
+        sock.close()
+    assert gone, "the server kept a trickling unauthenticated connection for the whole frame"
+    wait_until(lambda: collecting.server.rejected == 1)
+
+
+@pytest.mark.parametrize("collecting", [{"max_pending": 4}], indirect=True)
+def test_a_flood_of_silent_connections_cannot_lock_a_rank_out(collecting: Collecting) -> None:
+    srv = collecting.server
+    baseline = threading.active_count()
+    flood = [raw_connect(srv)[0] for _ in range(40)]
+    try:
+        # The oldest silent connections are dropped to make room: at most 4 wait at once.
+        wait_until(lambda: len(srv._conns) <= 4)
+        assert threading.active_count() <= baseline + 4
+        client = wire.ChannelClient(srv.address, KEY, timeout=5)
+        try:
+            client.send({"type": "log", "line": "still here"})
+            assert collecting.next()[2] == {"type": "log", "line": "still here"}
+        finally:
+            client.close()
+    finally:
+        for sock in flood:
+            sock.close()
+
+
+@pytest.mark.parametrize("collecting", [{"max_connections": 2}], indirect=True)
+def test_authenticated_connections_are_bounded(collecting: Collecting) -> None:
+    srv = collecting.server
+    clients = [wire.ChannelClient(srv.address, KEY, timeout=5) for _ in range(2)]
+    try:
+        for i, client in enumerate(clients):
+            client.send({"n": i})
+            assert collecting.next()[2] == {"n": i}
+        extra = wire.ChannelClient(srv.address, KEY, timeout=5)
+        with pytest.raises((EOFError, OSError)):
+            extra.receive()  # dropped: the server holds no more
+        extra.close()
+        wait_until(lambda: srv.rejected == 1)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_rejections_are_logged_without_flooding_the_log(
+    collecting: Collecting, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="sparktrain.wire")
+    for _ in range(5):
+        sock, _ = raw_connect(collecting.server)
+        sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"\x00" * 40)
+        assert dropped(sock)
+        sock.close()
+    wait_until(lambda: collecting.server.rejected == 5)
+    records = [r for r in caplog.records if r.name == "sparktrain.wire"]
+    assert len(records) == 1  # the first one; the rest wait for the next interval
+    assert "failed authentication or framing" in records[0].getMessage()
+    assert "bad magic" in records[0].getMessage()
