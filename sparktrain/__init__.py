@@ -4,6 +4,21 @@ Example:
     >>> from sparktrain import SparkRunner
     >>> result = SparkRunner(np=2).run(train, lr=0.01)   # 2 ranks on Spark executors
     >>> result = SparkRunner(np=-2).run(train, lr=0.01)  # 2 ranks on the driver
+
+Where the code runs (each folder is a boundary; a module imports only from its own layer or
+the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
+
+- ``contract``, ``errors``, ``log``, ``conf_file``: leaves every process shares (the names
+  that cross a process boundary, the error tree, logging, the conf-file parser);
+- ``wire/``: the authenticated frames, the one frame server and every message kind;
+- ``config``, ``cluster``, ``payload``: a run's settings, its layout, its pickles;
+- ``backends/``: how ranks find each other (torch.distributed, Horovod);
+- ``worker/``: inside a rank's process (never imports pyspark);
+- ``checkpoint/``, ``data/``, ``plot``: libraries for the training function and the notebook;
+- ``task/``: inside a Spark barrier task, or the local supervisor on the driver: the
+  rendezvous, then the launcher that creates the rank processes (``task/mpi/`` for mpirun);
+- ``driver/``: on the driver: the channel, the monitor, the attempts, the Spark stage;
+- ``runner``: :class:`SparkRunner` and :class:`HorovodRunner`; ``cli`` and ``examples`` on top.
 """
 
 from sparktrain.errors import (

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparktrain import wire
 from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig
-from sparktrain.driver.channel import ChannelServer
-from sparktrain.driver.monitor import Launch, RunMonitor
+from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.progress import Progress
+from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
-from sparktrain.errors import (
-    ConfigurationError,
-    PayloadError,
-    RendezvousTimeoutError,
-    WorkerFailedError,
-)
-from sparktrain.payload import dump_call, load_result
-from sparktrain.task.entry import TaskJob
+from sparktrain.errors import ConfigurationError
+from sparktrain.payload import dump_call
+from sparktrain.task.job import TaskJob
 
 
 class SparkRunner:
@@ -94,9 +86,7 @@ class SparkRunner:
         # Validate now (without the session's conf) so mistakes surface at construction.
         self.config = RunConfig.resolve(np, self._overrides)
         check_backend_name(self.config.backend)
-        self.history: list[dict[str, Any]] = []
-        self.attempts: list[dict[str, Any]] = []
-        self.progress: Progress | None = None
+        self.last_run: RunRecord | None = None
         self._show_progress = progress
         self._total_epochs = total_epochs
         self._checkpoint_dir = checkpoint_dir
@@ -149,8 +139,8 @@ class SparkRunner:
 
         With ``max_restarts=K``, a run that fails for a reason other than an exception raised
         by the function (a rank killed, an executor lost, a rendezvous timeout) is launched
-        again, up to K times; each attempt and its cause is printed, and recorded in
-        :attr:`attempts`. The function resumes from its own checkpoints
+        again, up to K times; each attempt and its cause is logged, and recorded in
+        :attr:`last_run` (with the time each phase took). The function resumes from its own checkpoints
         (``sparktrain.checkpoint.load_latest``); ``sparktrain.attempt()`` tells which attempt
         it is in. ``restart_on_user_error=True`` restarts after exceptions too.
         """
@@ -167,36 +157,13 @@ class SparkRunner:
             import cloudpickle
 
             hook = cloudpickle.dumps(self._pre_rendezvous_hook)
-        self.history = []
-        self.attempts = []
-        self.progress = Progress(
+        record = self.last_run = RunRecord()
+        progress = Progress(
             total=self._total_epochs,
             unit="epoch" if self._total_epochs else "report",
             display=self._show_progress,
         )
         tracker = MlflowTracker.maybe_create()
-        succeeded = False
-        try:
-            result = self._run_attempts(
-                session, config, payload, hook, getattr(fn, "__name__", "function"), tracker
-            )
-            succeeded = True
-            return result
-        finally:
-            self.progress.close()
-            if tracker is not None:
-                tracker.finish(self._checkpoint_dir if succeeded else None)
-
-    def _run_attempts(
-        self,
-        session: Any,
-        config: RunConfig,
-        payload: bytes,
-        hook: bytes | None,
-        name: str,
-        tracker: MlflowTracker | None,
-    ) -> Any:
-        """Launch, and launch again after restartable failures, up to ``max_restarts``."""
         job = TaskJob(
             run_id=uuid.uuid4().hex[:12],
             attempt=0,
@@ -206,85 +173,25 @@ class SparkRunner:
             payload=payload,
             hook=hook,
         )
-        since: float | None = None
-        while True:
-            if session is not None:
-                from sparktrain.driver.capacity import check_capacity
+        name = getattr(fn, "__name__", "function")
+        attempts = Attempts(session, config, job, name, record, progress, tracker)
+        try:
+            return attempts.run()
+        finally:
+            record.finished = time.time()
+            progress.close()
+            if tracker is not None:
+                tracker.finish(self._checkpoint_dir if record.succeeded else None)
 
-                check_capacity(
-                    session.sparkContext, config.world_size, config.capacity_wait, since=since
-                )
-            try:
-                return _rank0_result(self._attempt(session, config, job, name, tracker))
-            except (WorkerFailedError, RendezvousTimeoutError) as exc:
-                cause = _first_line(exc)
-                self.attempts.append({"attempt": job.attempt, "error": exc, "cause": cause})
-                if job.attempt >= config.max_restarts or not _restartable(exc, config):
-                    raise
-                total = config.max_restarts + 1
-                print(
-                    f"sparktrain: attempt {job.attempt + 1}/{total} failed: {cause}; "
-                    f"starting attempt {job.attempt + 2}/{total}",
-                    flush=True,
-                )
-                job = dataclasses.replace(job, attempt=job.attempt + 1)
-                # Executors lost with the failed attempt get time to come back.
-                since = time.time()
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The last run's reports (``last_run.reports``): every rank's, as received."""
+        return self.last_run.reports if self.last_run is not None else []
 
-    def _on_report(self, message: dict[str, Any], tracker: MlflowTracker | None) -> None:
-        self.history.append(message)
-        if self.progress is not None:
-            self.progress.on_report(message)
-        if tracker is not None:
-            tracker.on_report(message)
-
-    def _attempt(
-        self,
-        session: Any,
-        config: RunConfig,
-        job: TaskJob,
-        name: str,
-        tracker: MlflowTracker | None,
-    ) -> list[dict[str, Any]]:
-        """One launch of every rank, with a channel of its own."""
-        key = wire.new_key()
-        bind, advertise = _channel_address(session)
-        with ChannelServer(key, bind=bind, advertise=advertise) as server:
-            job = dataclasses.replace(job, channel=server.address, key=key)
-            description = f"sparktrain: {name} on {config.world_size} ranks"
-            if job.attempt:
-                description += f" (attempt {job.attempt + 1})"
-            launch = _launch(session, job, description)
-            assert self.progress is not None
-            monitor = RunMonitor(
-                config,
-                server,
-                out=self.progress.wrap(sys.stdout),
-                on_report=lambda message: self._on_report(message, tracker),
-            )
-            return monitor.watch(launch)
-
-
-def _first_line(error: BaseException) -> str:
-    if isinstance(error, WorkerFailedError):
-        root = error.root_cause
-        return root.describe().splitlines()[0]
-    return str(error).splitlines()[0]
-
-
-def _restartable(error: BaseException, config: RunConfig) -> bool:
-    """Whether launching again can help: lost ranks yes; the user's own exception only on
-    request (it would most likely fail again); unloadable functions and results never."""
-    if isinstance(error, RendezvousTimeoutError):
-        return True
-    if not isinstance(error, WorkerFailedError):
-        return False
-    root = error.root_cause
-    if root.phase in ("load", "result"):
-        return False
-    if root.user_error:
-        return config.restart_on_user_error
-    return True
+    @property
+    def attempts(self) -> list[AttemptRecord]:
+        """The last run's attempts (``last_run.attempts``), each with its cause and phases."""
+        return self.last_run.attempts if self.last_run is not None else []
 
 
 class HorovodRunner(SparkRunner):
@@ -315,33 +222,3 @@ class HorovodRunner(SparkRunner):
 
 def _is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
-
-
-def _channel_address(session: Any) -> tuple[str, str]:
-    """Where the channel listens and what address tasks use to reach it."""
-    if session is None:
-        return "127.0.0.1", "127.0.0.1"
-    conf = session.sparkContext.getConf()
-    advertise = conf.get("spark.driver.host") or "127.0.0.1"
-    bind = conf.get("spark.driver.bindAddress") or "0.0.0.0"
-    return bind, advertise
-
-
-def _launch(session: Any, job: TaskJob, description: str) -> Launch:
-    if session is None:
-        from sparktrain.driver.local import LocalLaunch
-
-        return LocalLaunch(job)
-    from sparktrain.driver.stage import SparkLaunch
-
-    return SparkLaunch(session, job, description)
-
-
-def _rank0_result(records: list[dict[str, Any]]) -> Any:
-    for record in records:
-        if record.get("rank") == 0 and record.get("status") == "ok":
-            data = record.get("result")
-            if data is None:
-                raise PayloadError("rank 0 finished but its result did not reach the driver")
-            return load_result(data)
-    raise PayloadError("rank 0's outcome did not reach the driver")

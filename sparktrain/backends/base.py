@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import os
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -86,8 +85,3 @@ def interface_env(rank: RankSpec) -> dict[str, str]:
         return {}
     name = rank.task.ifname
     return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
-
-
-def inherited(name: str) -> str | None:
-    """An environment variable of this process, for backends that pass one through."""
-    return os.environ.get(name)

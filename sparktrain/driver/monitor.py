@@ -23,7 +23,10 @@ from sparktrain.errors import (
     WorkerFailedError,
     WorkerFailure,
 )
+from sparktrain.log import get_logger
 from sparktrain.wire import protocol
+
+_log = get_logger(__name__)
 
 DONE = "_done"
 # Once ranks are told to stop, how long beyond their grace period to wait for them to confirm.
@@ -84,6 +87,8 @@ class RunMonitor:
         self.go_sent = False
         # What each task said of itself at rendezvous (a TaskInfo as JSON), by index.
         self.infos: dict[int, dict[str, Any]] = {}
+        # When each milestone was reached (time.monotonic()); see phases().
+        self.times: dict[str, float] = {}
 
     def _print(self, text: str) -> None:
         try:
@@ -106,7 +111,7 @@ class RunMonitor:
                 (0, {"type": DONE, "records": records, "error": error})
             )
         )
-        t0 = time.monotonic()
+        t0 = self.times["start"] = time.monotonic()
         rendezvous_deadline = t0 + self.config.start_timeout
         run_deadline = t0 + self.config.timeout if self.config.timeout else None
         stop_deadline: float | None = None
@@ -116,7 +121,8 @@ class RunMonitor:
         interrupted = False
         while True:
             if done is not None and drain_deadline is None:
-                drain_deadline = time.monotonic() + DRAIN_WAIT
+                self.times["done"] = time.monotonic()
+                drain_deadline = self.times["done"] + DRAIN_WAIT
             # After a stop, the job may end before every task confirmed its ranks are gone
             # (a Spark cancel is asynchronous): keep listening for those confirmations. After
             # any end, a task's last messages (its final log lines) may still be on their way:
@@ -142,9 +148,9 @@ class RunMonitor:
                     now = time.monotonic()
                     if cancel_deadline is not None and now >= cancel_deadline:
                         if done is None:
-                            self._print(
-                                "sparktrain: tasks did not confirm their end after "
-                                "cancellation; giving up on them"
+                            _log.warning(
+                                "tasks did not confirm their end after cancellation; "
+                                "giving up on them"
                             )
                         done = done or {"records": None, "error": None}
                         break
@@ -178,17 +184,32 @@ class RunMonitor:
                     launch.cancel()
                     raise
                 interrupted = True
-                self._print(
-                    "sparktrain: interrupted; stopping every rank (Ctrl-C again to cancel at once)"
-                )
+                _log.warning("interrupted; stopping every rank (Ctrl-C again to cancel at once)")
                 stop_deadline = self._stop(SparkTrainError("interrupted"), launch)
             if stop_deadline is not None and (self.exited >= self.arrived or not self.go_sent):
                 # Every task has confirmed its ranks are gone, or the tasks were never told to
                 # start any (they wait for "go", or in Spark's rendezvous): end the job now.
                 stop_deadline, cancel_deadline = None, self._cancel(launch)
+        self.times["end"] = time.monotonic()
         if interrupted:
             raise KeyboardInterrupt
         return self._conclude(done, launch)
+
+    def phases(self) -> dict[str, float]:
+        """Seconds from launch to the first hello (``submit``), to every task's
+        (``rendezvous``), to the launch's end (``training``) and to the monitor's
+        (``teardown``); phases never reached are left out."""
+        marks = [("submit", "hello"), ("rendezvous", "go"), ("training", "done")]
+        spent: dict[str, float] = {}
+        last = self.times.get("start")
+        for phase, mark in marks:
+            if last is None or mark not in self.times:
+                break
+            spent[phase] = self.times[mark] - last
+            last = self.times[mark]
+        if "done" in self.times and "end" in self.times:
+            spent["teardown"] = self.times["end"] - self.times["done"]
+        return spent
 
     def _cancel(self, launch: Launch) -> float:
         """Cancel the launch; returns how long to wait for it to report its end."""
@@ -221,6 +242,7 @@ class RunMonitor:
                 self.on_report(message)
         elif kind is protocol.HELLO:
             index = message["index"]
+            self.times.setdefault("hello", time.monotonic())
             self.arrived.add(index)
             self.task_conns.setdefault(index, conn_id)
             self.infos.setdefault(index, message["info"])
@@ -230,6 +252,7 @@ class RunMonitor:
             elif len(self.arrived) == self.n and not self.go_sent:
                 # From here on a task may start ranks; before it, none can have.
                 self.go_sent = True
+                self.times["go"] = time.monotonic()
                 tasks = [self.infos[i] for i in range(self.n)]
                 self.server.broadcast(protocol.GO(tasks=tasks), list(self.task_conns.values()))
         elif kind is protocol.SHARED:

@@ -1,4 +1,4 @@
-"""A live progress bar on the driver, fed by ``sparktrain.report`` messages, and their history.
+"""A live progress bar on the driver, fed by ``sparktrain.report`` messages.
 
 The bar (``tqdm.auto``: a widget in notebooks, a text bar in terminals) appears on the first
 report of rank 0, so runs that never call ``report`` look exactly as before. Its postfix shows
@@ -11,7 +11,8 @@ Example:
     >>> progress.on_report({"type": "report", "rank": 0, "step": 99, "epoch": 0,
     ...                     "metrics": {"loss": 0.31}})
     >>> progress.close()
-    >>> progress.frame()          # one row per report: rank, step, epoch, loss, time
+
+The reports themselves are kept by the run's record (``runner.last_run.reports``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ FIELDS = ("rank", "step", "epoch", "time")
 
 
 class Progress:
-    """Shows rank 0's reports as a progress bar and keeps every report as a row.
+    """Shows rank 0's reports as a progress bar; :attr:`latest` is rank 0's newest row.
 
-    Never raises from :meth:`on_report`: a display error becomes one warning, and the rows are
-    still kept.
+    Never raises from :meth:`on_report`: a display error becomes one warning.
 
     Args:
         total: how many ``unit`` make the whole run, when known (see :meth:`set_total`).
@@ -42,8 +42,7 @@ class Progress:
         file: the stream for the bar; given, a text tqdm bar always goes there. By default
             tqdm.auto picks a notebook widget or stderr, and falls back to plain lines when
             stderr is not a terminal.
-        all_ranks: keep the rows of every rank, not only rank 0's.
-        display: False keeps the rows and shows nothing.
+        display: False shows nothing.
         desc: the bar's label.
         plain_interval: seconds between two plain lines (the first and last always show).
     """
@@ -54,7 +53,6 @@ class Progress:
         *,
         unit: str = "report",
         file: TextIO | None = None,
-        all_ranks: bool = False,
         display: bool = True,
         desc: str = "sparktrain",
         plain_interval: float = 10.0,
@@ -64,11 +62,9 @@ class Progress:
         self.total = total
         self.unit = unit
         self.file = file
-        self.all_ranks = all_ranks
         self.display = display
         self.desc = desc
         self.plain_interval = plain_interval
-        self.rows: list[dict[str, Any]] = []
         self.latest: dict[str, Any] | None = None  # rank 0's newest row
         self._reports = 0  # rank 0's reports so far
         self._bar: Any = None
@@ -83,13 +79,11 @@ class Progress:
     # -- feeding --------------------------------------------------------------------------
 
     def on_report(self, message: Mapping[str, Any]) -> None:
-        """Record one ``{"type": "report", "rank", "step", "epoch", "metrics"}`` message."""
+        """Show one ``{"type": "report", "rank", "step", "epoch", "metrics"}`` message."""
         row = self._row(message)
         if row["rank"] == 0:
             self.latest = row
             self._reports += 1
-        if row["rank"] == 0 or self.all_ranks:
-            self.rows.append(row)
         if row["rank"] != 0 or not self.display or self._closed or self._broken:
             return
         try:
@@ -145,14 +139,6 @@ class Progress:
         self.close()
 
     # -- reading --------------------------------------------------------------------------
-
-    def frame(self) -> Any:
-        """The rows as a pandas DataFrame (rank, step, epoch, one column per metric, time)."""
-        import pandas as pd
-
-        if not self.rows:
-            return pd.DataFrame(columns=list(FIELDS))
-        return pd.DataFrame(self.rows)
 
     def wrap(self, out: TextIO) -> TextIO:
         """A stream that writes to ``out`` without breaking the bar (for log lines).

@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if spark is not None:
             spark.stop()
+    failures = [a for a in runner.attempts if a.error is not None]
     print(
-        f"finished in attempt {result['attempt'] + 1} after {len(runner.attempts)} "
+        f"finished in attempt {result['attempt'] + 1} after {len(failures)} "
         f"failure(s): {result['steps']} steps (expected {args.epochs * args.steps_per_epoch}),"
         f" final loss {result['loss']:.4f}; checkpoints in {ckpt_dir}"
     )

@@ -24,10 +24,13 @@ from sparktrain.backends import get_backend
 from sparktrain.backends.base import Backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.errors import ConfigurationError
+from sparktrain.log import get_logger
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
+
+_log = get_logger(__name__)
 
 __all__ = ["TaskJob", "local_gpus", "run_local", "run_spark_task"]
 
@@ -63,7 +66,7 @@ def _session(job: TaskJob, bind: str, indices: range) -> Iterator[tuple[TaskSess
     try:
         client = wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
     except OSError as exc:
-        print(f"sparktrain: cannot reach the driver at {job.channel}: {exc}", file=sys.stderr)
+        _log.warning("cannot reach the driver at %s: %s", job.channel, exc)
         client = None
     session = TaskSession(job, client)
     launcher = launcher_for(session.config)(session, bind)
@@ -150,10 +153,11 @@ def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
             "NCCL cannot put two ranks on one GPU: use np=-1 per GPU, or use_gpu=False"
         )
     if devices:
-        print(
-            f"sparktrain: {n} local ranks but {len(devices)} GPU(s): running on CPU "
+        _log.warning(
+            "%d local ranks but %d GPU(s): running on CPU "
             "(pass use_gpu=False to silence this, or lower np)",
-            file=sys.stderr,
+            n,
+            len(devices),
         )
     return []
 

@@ -42,7 +42,7 @@ def epoch_log(log_dir: Path, rank: int = 0) -> list[tuple[int, int, int]]:
 
 
 @backends
-def test_killed_rank_restarts_and_resumes_exact_steps(mode, backend, tmp_path, capsys):
+def test_killed_rank_restarts_and_resumes_exact_steps(mode, backend, tmp_path, caplog):
     ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
     logs.mkdir()
     runner = SparkRunner(np=ranks(mode, 2), backend=backend, max_restarts=2, grace_period=2)
@@ -58,9 +58,11 @@ def test_killed_rank_restarts_and_resumes_exact_steps(mode, backend, tmp_path, c
     # 4 epochs x 5 steps, exactly: epoch 2 restarted from its checkpoint, nothing repeated.
     assert result == {"steps": 20, "size": 2, "attempt": 1}
     assert epoch_log(logs) == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
-    assert len(runner.attempts) == 1
-    assert "rank 1" in runner.attempts[0]["cause"] and "SIGKILL" in runner.attempts[0]["cause"]
-    assert "attempt 1/3 failed" in capsys.readouterr().out
+    first, second = runner.attempts  # the failed one, then the one that finished
+    assert "rank 1" in first.cause and "SIGKILL" in first.cause
+    assert second.error is None and second.cause is None
+    assert {"submit", "rendezvous", "training", "teardown"} <= set(second.phases)
+    assert "attempt 1/3 failed" in caplog.text
 
 
 def test_user_exception_fails_at_once(mode, tmp_path):
@@ -91,7 +93,7 @@ def test_user_exception_restarts_when_asked(mode, tmp_path):
         np=ranks(mode, 2), max_restarts=1, restart_on_user_error=True, grace_period=1
     )
     assert runner.run(raises_in_first_attempt) == 1
-    assert "ConnectionError: flaky storage" in runner.attempts[0]["cause"]
+    assert "ConnectionError: flaky storage" in runner.attempts[0].cause
 
 
 def test_gives_up_after_max_restarts(mode):
@@ -156,11 +158,12 @@ def test_lost_executor_restarts_on_replacement(tmp_path):
     assert log == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
 
 
-def test_resume_demo_from_the_readme(capsys):
+def test_resume_demo_from_the_readme(capsys, caplog):
     from sparktrain.examples import resume_demo
 
     result = resume_demo.main(["--np", "-2", "--steps-per-epoch", "5"])
     assert result["steps"] == 20 and result["attempt"] == 1
     out = capsys.readouterr().out
-    assert "attempt 1/3 failed: rank 1 on 127.0.0.1 was killed by SIGKILL" in out
+    assert "attempt 1/3 failed: rank 1 on 127.0.0.1 was killed by SIGKILL" in caplog.text
+    assert "finished in attempt 2 after 1 failure(s)" in out
     assert "resuming at epoch 2 from the checkpoint of step 10" in out

@@ -233,8 +233,8 @@ def test_reports_show_progress_and_come_back_as_rows(mode, capsys):
     assert runner.run(reports_epochs) == "done"
     captured = capsys.readouterr()
     assert "3/3 epochs" in captured.err + captured.out
-    frame = runner.progress.frame()
-    assert list(frame["epoch"]) == [0, 1, 2] and set(frame["rank"]) == {0}
+    frame = runner.last_run.frame().query("rank == 0")
+    assert list(frame["epoch"]) == [0, 1, 2] and set(runner.last_run.frame()["rank"]) == {0, 1}
     assert list(frame["loss"]) == pytest.approx([1.0, 0.5, 1 / 3])
     assert [m["metrics"]["accuracy"] for m in runner.history if m["rank"] == 0] == [
         pytest.approx(0.5),

@@ -140,6 +140,7 @@ def test_malformed_messages_are_dropped_and_counted_and_the_run_goes_on(server) 
     records = mon.watch(FakeLaunch(server, 2, body))
     assert [r["status"] for r in records] == ["ok", "ok"]
     assert mon.malformed == 5
+    assert list(mon.phases()) == ["submit", "rendezvous", "training", "teardown"]
     assert "[rank 1] a real line" in out.getvalue()
 
 
@@ -200,7 +201,7 @@ def test_run_timeout_stops_every_rank(server) -> None:
     assert all(t.aborted.is_set() for t in launch.tasks)
 
 
-def test_ctrl_c_stops_every_rank_before_it_is_raised(server) -> None:
+def test_ctrl_c_stops_every_rank_before_it_is_raised(server, caplog) -> None:
     started = threading.Event()
     confirmed: list[int] = []
 
@@ -226,7 +227,7 @@ def test_ctrl_c_stops_every_rank_before_it_is_raised(server) -> None:
     with pytest.raises(KeyboardInterrupt):
         mon.watch(launch)
     assert sorted(confirmed) == [0, 1]  # both had confirmed before run() gave up control
-    assert "interrupted; stopping every rank" in out.getvalue()
+    assert "interrupted; stopping every rank" in caplog.text
 
 
 # -- LocalLaunch: real worker processes -----------------------------------------------------

@@ -1,4 +1,4 @@
-"""Progress: the driver's progress bar and report history, fed with report messages."""
+"""Progress: the driver's progress bar, fed with report messages; RunRecord: their history."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from sparktrain.driver.progress import Progress
+from sparktrain.driver.record import AttemptRecord, RunRecord
 
 
 def report(rank=0, step=None, epoch=None, **metrics):
@@ -29,32 +30,55 @@ def test_bar_appears_on_first_report_with_rank0_metrics_as_postfix():
     assert "9.0" not in text
 
 
-def test_rows_keep_rank0_by_default_and_every_rank_when_asked():
-    only0 = Progress(display=False)
-    every = Progress(display=False, all_ranks=True)
+def test_latest_follows_rank0_only():
+    progress = Progress(display=False)
     for message in (
         report(step=0, loss=1.0),
-        report(rank=1, step=0, loss=2.0),
         report(step=1, loss=0.5, time=3.0),
+        report(rank=1, step=5, loss=2.0),
     ):
-        only0.on_report(message)
-        every.on_report(message)
-    assert [(r["rank"], r["step"], r["loss"]) for r in only0.rows] == [(0, 0, 1.0), (0, 1, 0.5)]
-    assert [r["rank"] for r in every.rows] == [0, 1, 0]
-    row = only0.rows[-1]
+        progress.on_report(message)
+    row = progress.latest
+    assert row is not None and (row["rank"], row["step"], row["loss"]) == (0, 1, 0.5)
     assert row["time_"] == 3.0 and isinstance(row["time"], float)  # a metric named "time"
     assert list(row)[:3] == ["rank", "step", "epoch"]
 
 
-def test_frame():
+def test_run_record_keeps_every_rank_and_makes_one_frame():
     pd = pytest.importorskip("pandas")
-    progress = Progress(display=False)
-    assert list(progress.frame().columns) == ["rank", "step", "epoch", "time"]
-    progress.on_report(report(step=0, epoch=0, loss=1.0))
-    progress.on_report(report(step=1, epoch=0, loss=0.5))
-    frame = progress.frame()
+    record = RunRecord()
+    assert list(record.frame().columns) == ["rank", "step", "epoch"]
+    for message in (report(step=0, epoch=0, loss=1.0), report(rank=1, step=0, epoch=0, loss=2.0)):
+        record.add_report(message)
+    record.add_report(report(step=1, epoch=0, loss=0.5))
+    assert [r["rank"] for r in record.reports] == [0, 1, 0]
+    assert all(isinstance(r["time"], float) for r in record.reports)
+    frame = record.frame()
     assert isinstance(frame, pd.DataFrame)
-    assert frame["loss"].tolist() == [1.0, 0.5] and frame["step"].tolist() == [0, 1]
+    assert frame["loss"].tolist() == [1.0, 2.0, 0.5] and frame["rank"].tolist() == [0, 1, 0]
+
+
+def test_run_record_phases_sum_over_attempts_in_order():
+    record = RunRecord()
+    assert not record.succeeded and record.phases == {}
+    record.attempts.append(
+        AttemptRecord(0, {"submit": 1.0, "rendezvous": 2.0}, ValueError("lost"), "lost")
+    )
+    record.attempts.append(
+        AttemptRecord(1, {"training": 4.0, "submit": 0.5, "capacity_wait": 0.25, "teardown": 1})
+    )
+    assert list(record.phases.items()) == [
+        ("capacity_wait", 0.25),
+        ("submit", 1.5),
+        ("rendezvous", 2.0),
+        ("training", 4.0),
+        ("teardown", 1.0),
+    ]
+    assert record.succeeded
+    assert record.describe().splitlines() == [
+        "attempt 1: failed: lost (submit 1.00s, rendezvous 2.00s)",
+        "attempt 2: ok (capacity_wait 0.25s, submit 0.50s, training 4.00s, teardown 1.00s)",
+    ]
 
 
 def test_no_report_shows_nothing_and_close_is_idempotent(capsys):
@@ -62,7 +86,7 @@ def test_no_report_shows_nothing_and_close_is_idempotent(capsys):
     progress = Progress(file=out)
     progress.close()
     progress.close()
-    assert out.getvalue() == "" and progress.rows == []
+    assert out.getvalue() == "" and progress.latest is None
     assert capsys.readouterr() == ("", "")
 
 
@@ -100,7 +124,7 @@ def test_not_a_terminal_falls_back_to_plain_lines(monkeypatch):
     assert err.getvalue() == "sparktrain: step=0 loss=1.5\n"
 
 
-def test_display_error_becomes_one_warning_and_rows_are_kept():
+def test_display_error_becomes_one_warning_and_reports_still_count():
     class Broken(io.StringIO):
         def write(self, text):
             raise RuntimeError("display gone")
@@ -110,7 +134,7 @@ def test_display_error_becomes_one_warning_and_rows_are_kept():
         progress.on_report(report(step=0, loss=1.0))
     progress.on_report(report(step=1, loss=0.5))  # no second warning (pytest would fail on it)
     progress.close()
-    assert [r["step"] for r in progress.rows] == [0, 1]
+    assert progress.latest is not None and progress.latest["step"] == 1
 
 
 def test_wrapped_stream_writes_whole_lines_around_the_bar():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sparktrain.config import RunConfig
+from sparktrain.driver.attempts import _restartable
 from sparktrain.errors import (
     RendezvousTimeoutError,
     RunTimeoutError,
     WorkerFailedError,
     WorkerFailure,
 )
-from sparktrain.runner import _restartable
 
 
 def failed(**fields: object) -> WorkerFailedError:

@@ -1,7 +1,7 @@
 """``python -m sparktrain.task.guard COMMAND...``: run a launcher that must die with its task.
 
 mpirun and Open MPI's daemon do not know the supervisor's lifeline pipe (see
-:class:`~sparktrain.task.supervise.RankProcess`), and they close every inherited descriptor
+:class:`~sparktrain.task.process.RankProcess`), and they close every inherited descriptor
 in the ranks they start. The guard holds the lifeline in their place: it runs the command in
 its own process group and SIGKILLs the group the moment the pipe reports the supervisor
 gone. The ranks, which mpirun puts in process groups of their own, die with their launcher

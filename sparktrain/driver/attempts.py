@@ -1,0 +1,176 @@
+"""The attempts of one ``run()``: launch every rank, and launch again after a lost rank.
+
+Each attempt has a channel and a key of its own, a Spark job group (or local supervisor) of
+its own, and a :class:`~sparktrain.driver.monitor.RunMonitor` that sees it through. What
+happens is kept in the run's :class:`~sparktrain.driver.record.RunRecord`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any
+
+from sparktrain import wire
+from sparktrain.config import RunConfig
+from sparktrain.driver.channel import ChannelServer
+from sparktrain.driver.monitor import Launch, RunMonitor
+from sparktrain.driver.progress import Progress
+from sparktrain.driver.record import AttemptRecord, RunRecord
+from sparktrain.driver.tracking import MlflowTracker
+from sparktrain.errors import PayloadError, RendezvousTimeoutError, WorkerFailedError
+from sparktrain.log import get_logger
+from sparktrain.payload import load_result
+from sparktrain.task.job import TaskJob
+
+_log = get_logger(__name__)
+
+
+class Attempts:
+    """Runs the attempts of one ``run()`` call.
+
+    Args:
+        session: the SparkSession, or None for ranks on the driver.
+        config: the run's settings.
+        job: what every task gets (its channel and key are filled in per attempt).
+        name: the function's name, for the Spark UI.
+        record: where attempts, reports and phase times are kept.
+        progress: the progress display.
+        tracker: MLflow tracking, when the driver has an active run.
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        config: RunConfig,
+        job: TaskJob,
+        name: str,
+        record: RunRecord,
+        progress: Progress,
+        tracker: MlflowTracker | None,
+    ) -> None:
+        self.session = session
+        self.config = config
+        self.job = job
+        self.name = name
+        self.record = record
+        self.progress = progress
+        self.tracker = tracker
+
+    def run(self) -> Any:
+        """Launch until an attempt succeeds or may not be restarted; rank 0's value."""
+        config = self.config
+        job = self.job
+        since: float | None = None
+        while True:
+            attempt = AttemptRecord(attempt=job.attempt)
+            self.record.attempts.append(attempt)
+            if self.session is not None:
+                from sparktrain.driver.capacity import check_capacity
+
+                start = time.monotonic()
+                check_capacity(
+                    self.session.sparkContext, config.world_size, config.capacity_wait, since=since
+                )
+                attempt.phases["capacity_wait"] = time.monotonic() - start
+            try:
+                return _rank0_result(self._attempt(job, attempt))
+            except (WorkerFailedError, RendezvousTimeoutError) as exc:
+                attempt.error, attempt.cause = exc, _first_line(exc)
+                if job.attempt >= config.max_restarts or not _restartable(exc, config):
+                    raise
+                total = config.max_restarts + 1
+                _log.warning(
+                    "attempt %d/%d failed: %s; starting attempt %d/%d",
+                    job.attempt + 1,
+                    total,
+                    attempt.cause,
+                    job.attempt + 2,
+                    total,
+                )
+                job = dataclasses.replace(job, attempt=job.attempt + 1)
+                # Executors lost with the failed attempt get time to come back.
+                since = time.time()
+            except BaseException as exc:
+                attempt.error, attempt.cause = exc, _first_line(exc) or type(exc).__name__
+                raise
+
+    def _on_report(self, message: dict[str, Any]) -> None:
+        self.record.add_report(message)
+        self.progress.on_report(message)
+        if self.tracker is not None:
+            self.tracker.on_report(message)
+
+    def _attempt(self, job: TaskJob, attempt: AttemptRecord) -> list[dict[str, Any]]:
+        """One launch of every rank, with a channel of its own."""
+        key = wire.new_key()
+        bind, advertise = _channel_address(self.session)
+        with ChannelServer(key, bind=bind, advertise=advertise) as server:
+            job = dataclasses.replace(job, channel=server.address, key=key)
+            description = f"sparktrain: {self.name} on {self.config.world_size} ranks"
+            if job.attempt:
+                description += f" (attempt {job.attempt + 1})"
+            monitor = RunMonitor(
+                self.config,
+                server,
+                out=self.progress.wrap(sys.stdout),
+                on_report=self._on_report,
+            )
+            try:
+                return monitor.watch(_launch(self.session, job, description))
+            finally:
+                attempt.phases.update(monitor.phases())
+
+
+def _first_line(error: BaseException) -> str:
+    if isinstance(error, WorkerFailedError):
+        root = error.root_cause
+        return root.describe().splitlines()[0]
+    lines = str(error).splitlines()
+    return lines[0] if lines else ""
+
+
+def _restartable(error: BaseException, config: RunConfig) -> bool:
+    """Whether launching again can help: lost ranks yes; the user's own exception only on
+    request (it would most likely fail again); unloadable functions and results never."""
+    if isinstance(error, RendezvousTimeoutError):
+        return True
+    if not isinstance(error, WorkerFailedError):
+        return False
+    root = error.root_cause
+    if root.phase in ("load", "result"):
+        return False
+    if root.user_error:
+        return config.restart_on_user_error
+    return True
+
+
+def _channel_address(session: Any) -> tuple[str, str]:
+    """Where the channel listens and what address tasks use to reach it."""
+    if session is None:
+        return "127.0.0.1", "127.0.0.1"
+    conf = session.sparkContext.getConf()
+    advertise = conf.get("spark.driver.host") or "127.0.0.1"
+    bind = conf.get("spark.driver.bindAddress") or "0.0.0.0"
+    return bind, advertise
+
+
+def _launch(session: Any, job: TaskJob, description: str) -> Launch:
+    if session is None:
+        from sparktrain.driver.local import LocalLaunch
+
+        return LocalLaunch(job)
+    from sparktrain.driver.stage import SparkLaunch
+
+    return SparkLaunch(session, job, description)
+
+
+def _rank0_result(records: list[dict[str, Any]]) -> Any:
+    for record in records:
+        if record.get("rank") == 0 and record.get("status") == "ok":
+            data = record.get("result")
+            if data is None:
+                raise PayloadError("rank 0 finished but its result did not reach the driver")
+            return load_result(data)
+    raise PayloadError("rank 0's outcome did not reach the driver")

@@ -1,0 +1,95 @@
+"""The record of one ``run()``: its attempts, what the ranks reported, and where time went.
+
+Example:
+    >>> runner = SparkRunner(np=2)
+    >>> runner.run(train)
+    >>> record = runner.last_run
+    >>> record.phases                  # seconds per phase, over every attempt
+    {'capacity_wait': 0.01, 'submit': 0.21, 'rendezvous': 0.05, 'training': 3.9, 'teardown': 0.1}
+    >>> record.attempts[0].cause       # None: the first attempt succeeded
+    >>> record.frame()                 # every rank's reports as a DataFrame
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+# The phases of one attempt, in order (see AttemptRecord.phases).
+PHASES = ("capacity_wait", "submit", "rendezvous", "training", "teardown")
+
+
+@dataclasses.dataclass
+class AttemptRecord:
+    """One launch of every rank.
+
+    Attributes:
+        attempt: 0 for the first launch, then one more per restart.
+        phases: seconds spent in each phase: ``capacity_wait`` (waiting for task slots),
+            ``submit`` (launch until the first task said hello), ``rendezvous`` (until every
+            task had), ``training`` (until the launch ended) and ``teardown`` (until every
+            task had confirmed its end). A phase the attempt never reached is absent.
+        error: why it failed, or None when it succeeded.
+        cause: the first line of ``error``: the root cause.
+    """
+
+    attempt: int
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    error: BaseException | None = None
+    cause: str | None = None
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """Everything the driver learnt in one ``run()`` besides rank 0's value.
+
+    Attributes:
+        attempts: every launch, in order (more than one only with ``max_restarts``).
+        reports: every ``sparktrain.report`` of every rank and attempt, as received, with the
+            driver's receive ``time`` added.
+        started: when ``run()`` was called (wall clock).
+        finished: when it returned or raised; None while it runs.
+    """
+
+    attempts: list[AttemptRecord] = dataclasses.field(default_factory=list)
+    reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    started: float = dataclasses.field(default_factory=time.time)
+    finished: float | None = None
+
+    def add_report(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep one report message; returns the kept row."""
+        row = {**message, "time": time.time()}
+        self.reports.append(row)
+        return row
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase, summed over the attempts, in :data:`PHASES` order."""
+        total: dict[str, float] = {}
+        for phase in PHASES:
+            spent = [a.phases[phase] for a in self.attempts if phase in a.phases]
+            if spent:
+                total[phase] = sum(spent)
+        return total
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the last attempt succeeded."""
+        return bool(self.attempts) and self.attempts[-1].error is None
+
+    def frame(self) -> Any:
+        """The reports as a pandas DataFrame: rank, step, epoch, then one column per metric."""
+        from sparktrain.plot import history_frame
+
+        return history_frame(self.reports)
+
+    def describe(self) -> str:
+        """A short table of the attempts and their phases, for people."""
+        lines = []
+        for a in self.attempts:
+            spent = ", ".join(f"{p} {a.phases[p]:.2f}s" for p in PHASES if p in a.phases)
+            outcome = "ok" if a.error is None else f"failed: {a.cause}"
+            lines.append(f"attempt {a.attempt + 1}: {outcome} ({spent})")
+        return "\n".join(lines)

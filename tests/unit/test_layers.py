@@ -1,0 +1,106 @@
+"""The import graph of sparktrain/: each module imports only from its own layer or below, and
+no group of modules imports itself round in a loop."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sparktrain"
+
+# Lowest first. A module may import from its own layer and the layers before it.
+LAYERS: list[tuple[str, ...]] = [
+    ("contract", "errors", "log", "conf_file"),  # leaves: names, errors, logging, conf files
+    ("wire",),  # frames, the frame server, the protocol
+    ("config", "cluster", "payload"),  # the run's data: settings, layout, pickles
+    ("backends",),  # how ranks find each other
+    ("worker",),  # inside a rank
+    ("checkpoint", "data", "plot"),  # libraries for the user's function
+    ("task",),  # inside a Spark task or the local supervisor
+    ("driver",),  # on the driver
+    ("runner",),  # the public runner
+    ("__init__", "__main__", "cli", "cli_target", "doctor", "doctor_probes", "examples"),
+]
+LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def top(module: str) -> str:
+    """The first name under ``sparktrain`` (``sparktrain`` itself is ``__init__``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The sparktrain modules ``path`` imports (anywhere, outside ``if TYPE_CHECKING``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("sparktrain"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if not node.module.startswith("sparktrain"):
+                continue
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in modules else node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    return {name: imports(path, modules) & modules for name, path in paths.items()}
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    assert {top(m) for m in graph()} <= set(LAYER_OF), "add the new module to LAYERS"
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    upward = sorted(
+        f"{m} (layer {top(m)}) imports {d} (layer {top(d)})"
+        for m, deps in graph().items()
+        for d in deps
+        if LAYER_OF[top(d)] > LAYER_OF[top(m)]
+    )
+    assert upward == []
+
+
+def test_the_import_graph_has_no_loop() -> None:
+    edges = graph()
+    loops: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(edges[node]):
+            # A package's own __init__ re-exporting its modules is not a loop of ours.
+            if dep == node or node.startswith(dep + "."):
+                continue
+            if state.get(dep) == 1:
+                loops.append(path[path.index(dep) :] + [dep])
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert loops == []
