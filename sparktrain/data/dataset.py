@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -168,21 +168,7 @@ class SparkDatasetConverter:
                 raise null_error(name, f"{self.null_counts[name]} null value(s)")
         return kinds
 
-    def make_torch_dataloader(
-        self,
-        batch_size: int = 32,
-        *,
-        num_epochs: int | None = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-        cur_shard: int | None = None,
-        shard_count: int | None = None,
-        columns: Sequence[str] | None = None,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
-        drop_last: bool = False,
-        prefetch: int = 4,
-        shuffle_window: int = 4,
-    ) -> TorchDataLoader:
+    def make_torch_dataloader(self, batch_size: int = 32, **options: Any) -> TorchDataLoader:
         """A loader of this rank's shard, as a context manager yielding dicts of tensors.
 
         Every shard yields the same number of batches per epoch, and every row is read once
@@ -194,6 +180,10 @@ class SparkDatasetConverter:
 
         Args:
             batch_size: rows per batch.
+            **options: the keyword arguments below, all optional (a name that is not one of
+                them is a TypeError).
+
+        Keyword Args:
             num_epochs: epochs per pass over the loader; ``None`` repeats forever.
             shuffle: shuffle rows, differently every epoch.
             seed: seed of the shuffle; give every rank the same one.
@@ -223,20 +213,7 @@ class SparkDatasetConverter:
         # Imported here so that the driver can make converters without importing torch.
         from sparktrain.data.loader import TorchDataLoader
 
-        return TorchDataLoader(
-            self,
-            batch_size,
-            num_epochs=num_epochs,
-            shuffle=shuffle,
-            seed=seed,
-            cur_shard=cur_shard,
-            shard_count=shard_count,
-            columns=columns,
-            transform=transform,
-            drop_last=drop_last,
-            prefetch=prefetch,
-            shuffle_window=shuffle_window,
-        )
+        return TorchDataLoader(self, batch_size, **options)
 
     def delete(self) -> None:
         """Delete the materialized files; the converter cannot load afterwards."""

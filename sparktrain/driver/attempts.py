@@ -27,10 +27,11 @@ from sparktrain.task.job import TaskJob
 _log = get_logger(__name__)
 
 
+@dataclasses.dataclass
 class Attempts:
     """Runs the attempts of one ``run()`` call.
 
-    Args:
+    Attributes:
         session: the SparkSession, or None for ranks on the driver.
         config: the run's settings.
         job: what every task gets (its channel and key are filled in per attempt).
@@ -40,23 +41,13 @@ class Attempts:
         tracker: MLflow tracking, when the driver has an active run.
     """
 
-    def __init__(
-        self,
-        session: Any,
-        config: RunConfig,
-        job: TaskJob,
-        name: str,
-        record: RunRecord,
-        progress: Progress,
-        tracker: MlflowTracker | None,
-    ) -> None:
-        self.session = session
-        self.config = config
-        self.job = job
-        self.name = name
-        self.record = record
-        self.progress = progress
-        self.tracker = tracker
+    session: Any
+    config: RunConfig
+    job: TaskJob
+    name: str
+    record: RunRecord
+    progress: Progress
+    tracker: MlflowTracker | None
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value."""

@@ -59,12 +59,8 @@ class Progress:
     ) -> None:
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}; got {unit!r}")
-        self.total = total
-        self.unit = unit
-        self.file = file
-        self.display = display
-        self.desc = desc
-        self.plain_interval = plain_interval
+        self.total, self.unit, self.file = total, unit, file
+        self.display, self.desc, self.plain_interval = display, desc, plain_interval
         self.latest: dict[str, Any] | None = None  # rank 0's newest row
         self._reports = 0  # rank 0's reports so far
         self._bar: Any = None

@@ -129,6 +129,14 @@ def read_frame(
     return message
 
 
+def shutdown(sock: socket.socket) -> None:
+    """End both directions of ``sock`` (waking its blocked readers), if it is still open."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``"host:port"`` to a tuple (IPv6 hosts may be bracketed)."""
     host, _, port = address.rpartition(":")
@@ -173,8 +181,5 @@ class ChannelClient:
     def close(self) -> None:
         """Close the connection; further sends raise OSError."""
         self.closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown(self._sock)
         self._sock.close()

@@ -34,6 +34,7 @@ from sparktrain.wire.frames import (
     FrameError,
     encode,
     read_frame,
+    shutdown,
 )
 
 AUTH_TIMEOUT = 10.0
@@ -58,10 +59,7 @@ class _Connection:
         self.opened = time.monotonic()
 
     def shutdown(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown(self.sock)
 
 
 class FrameServer:
@@ -225,11 +223,8 @@ class FrameServer:
     def close(self) -> None:
         """Stop accepting and drop every connection."""
         self._closed = True
-        try:
-            # close() alone does not wake a thread blocked in accept(); shutdown() does.
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        # close() alone does not wake a thread blocked in accept(); shutdown() does.
+        shutdown(self._sock)
         try:
             self._sock.close()
         except OSError:
