@@ -35,7 +35,7 @@ class TaskSession:
     Args:
         job: what the task was handed.
         client: its connection to the driver's channel; ``None`` when the driver could not
-            be reached (messages are then dropped; the ranks still run).
+            be reached (the driver then counts the task as missing, and it starts no rank).
     """
 
     def __init__(self, job: TaskJob, client: wire.ChannelClient | None) -> None:
