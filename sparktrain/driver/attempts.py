@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sparktrain import wire
@@ -39,6 +40,7 @@ class Attempts:
         record: where attempts, reports and phase times are kept.
         progress: the progress display.
         tracker: MLflow tracking, when the driver has an active run.
+        on_channel: private test hook, called with each attempt's channel once it listens.
     """
 
     session: Any
@@ -48,6 +50,7 @@ class Attempts:
     record: RunRecord
     progress: Progress
     tracker: MlflowTracker | None
+    on_channel: Callable[[ChannelServer], None] | None = None
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value."""
@@ -99,6 +102,8 @@ class Attempts:
         bind, advertise = _channel_address(self.session)
         with ChannelServer(key, bind=bind, advertise=advertise) as server:
             job = dataclasses.replace(job, channel=server.address, key=key)
+            if self.on_channel is not None:
+                self.on_channel(server)
             description = f"sparktrain: {self.name} on {self.config.world_size} ranks"
             if job.attempt:
                 description += f" (attempt {job.attempt + 1})"
