@@ -24,6 +24,7 @@ from sparktrain.errors import PayloadError, RendezvousTimeoutError, WorkerFailed
 from sparktrain.log import get_logger
 from sparktrain.payload import load_result
 from sparktrain.task.job import TaskJob
+from sparktrain.wire.address import listen_address
 
 _log = get_logger(__name__)
 
@@ -148,8 +149,11 @@ def _channel_address(session: Any) -> tuple[str, str]:
         return "127.0.0.1", "127.0.0.1"
     conf = session.sparkContext.getConf()
     advertise = conf.get("spark.driver.host") or "127.0.0.1"
-    bind = conf.get("spark.driver.bindAddress") or "0.0.0.0"
-    return bind, advertise
+    # Tasks connect to spark.driver.host, so that address alone is listened on when it is
+    # this machine's. It may not be (NAT, a container's published address, a proxy): then
+    # the channel listens where Spark's own driver does, which tasks can reach.
+    fallback = conf.get("spark.driver.bindAddress") or "0.0.0.0"
+    return listen_address(advertise, fallback), advertise
 
 
 def _launch(session: Any, job: TaskJob, description: str) -> Launch:

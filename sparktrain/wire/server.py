@@ -73,7 +73,8 @@ class FrameServer:
         key: the run's HMAC key.
         on_message: called from the connection's thread with each authenticated message.
         on_closed: called once when an authenticated connection ends (not after :meth:`close`).
-        bind: address to listen on (``""`` for every interface).
+        bind: address to listen on (``""`` for every IPv4 interface); see
+            :func:`~sparktrain.wire.address.listen_address`.
         advertise: the host name or address peers should connect to (default: ``bind``).
         max_connections: most authenticated connections at once; more are refused.
         max_pending: most connections waiting to authenticate; the oldest makes room.
@@ -99,7 +100,8 @@ class FrameServer:
         self.max_pending = max_pending
         self._on_message = on_message
         self._on_closed = on_closed
-        self._sock = socket.create_server((bind, 0), backlog=128)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self._sock = socket.create_server((bind.strip("[]"), 0), family=family, backlog=128)
         self._advertise = advertise or bind or "127.0.0.1"
         self._conns: dict[int, _Connection] = {}
         self._lock = threading.Lock()
