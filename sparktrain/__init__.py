@@ -10,7 +10,8 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 
 - ``contract``, ``errors``, ``log``, ``conf_file``: leaves every process shares (the names
   that cross a process boundary, the error tree, logging, the conf-file parser);
-- ``wire/``: the authenticated frames, the one frame server and every message kind;
+- ``wire/``: the authenticated frames, the one frame server, where it listens, and every
+  message kind;
 - ``config``, ``cluster``, ``payload``: a run's settings, its layout, its pickles;
 - ``backends/``: how ranks find each other (torch.distributed, Horovod);
 - ``worker/``: inside a rank's process (never imports pyspark);

@@ -10,6 +10,7 @@ from typing import Any
 from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import Attempts
+from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
@@ -91,6 +92,8 @@ class SparkRunner:
         self._total_epochs = total_epochs
         self._checkpoint_dir = checkpoint_dir
         self._pre_rendezvous_hook: Callable[[int], None] | None = None
+        # Private test hook: called on the driver with each attempt's channel once it listens.
+        self._channel_hook: Callable[[ChannelServer], None] | None = None
 
     def _session(self) -> Any:
         if self._spark is not None:
@@ -174,7 +177,9 @@ class SparkRunner:
             hook=hook,
         )
         name = getattr(fn, "__name__", "function")
-        attempts = Attempts(session, config, job, name, record, progress, tracker)
+        attempts = Attempts(
+            session, config, job, name, record, progress, tracker, self._channel_hook
+        )
         try:
             return attempts.run()
         finally:

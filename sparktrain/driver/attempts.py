@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sparktrain import wire
@@ -23,6 +24,7 @@ from sparktrain.errors import PayloadError, RendezvousTimeoutError, WorkerFailed
 from sparktrain.log import get_logger
 from sparktrain.payload import load_result
 from sparktrain.task.job import TaskJob
+from sparktrain.wire.address import listen_address
 
 _log = get_logger(__name__)
 
@@ -39,6 +41,7 @@ class Attempts:
         record: where attempts, reports and phase times are kept.
         progress: the progress display.
         tracker: MLflow tracking, when the driver has an active run.
+        on_channel: private test hook, called with each attempt's channel once it listens.
     """
 
     session: Any
@@ -48,6 +51,7 @@ class Attempts:
     record: RunRecord
     progress: Progress
     tracker: MlflowTracker | None
+    on_channel: Callable[[ChannelServer], None] | None = None
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value."""
@@ -99,6 +103,8 @@ class Attempts:
         bind, advertise = _channel_address(self.session)
         with ChannelServer(key, bind=bind, advertise=advertise) as server:
             job = dataclasses.replace(job, channel=server.address, key=key)
+            if self.on_channel is not None:
+                self.on_channel(server)
             description = f"sparktrain: {self.name} on {self.config.world_size} ranks"
             if job.attempt:
                 description += f" (attempt {job.attempt + 1})"
@@ -143,8 +149,11 @@ def _channel_address(session: Any) -> tuple[str, str]:
         return "127.0.0.1", "127.0.0.1"
     conf = session.sparkContext.getConf()
     advertise = conf.get("spark.driver.host") or "127.0.0.1"
-    bind = conf.get("spark.driver.bindAddress") or "0.0.0.0"
-    return bind, advertise
+    # Tasks connect to spark.driver.host, so that address alone is listened on when it is
+    # this machine's. It may not be (NAT, a container's published address, a proxy): then
+    # the channel listens where Spark's own driver does, which tasks can reach.
+    fallback = conf.get("spark.driver.bindAddress") or "0.0.0.0"
+    return listen_address(advertise, fallback), advertise
 
 
 def _launch(session: Any, job: TaskJob, description: str) -> Launch:

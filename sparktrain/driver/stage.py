@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Callable
@@ -33,21 +34,20 @@ class SparkLaunch:
             from pyspark import InheritableThread as Thread
         except ImportError:  # pragma: no cover - pyspark < 3.2
             Thread = threading.Thread  # type: ignore[misc,assignment]  # noqa: N806
-        job = self.job
-
-        def task(iterator: Any) -> Any:
-            from sparktrain.task.entry import run_spark_task
-
-            return run_spark_task(job, iterator)
 
         def body() -> None:
+            payload = None
             try:
                 self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+                payload = self.sc.broadcast(self.job.payload)
+                task = _task(dataclasses.replace(self.job, payload=b""), payload)
                 rdd = self.sc.parallelize(range(self.n), self.n).barrier().mapPartitions(task)
                 records = rdd.collect()
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
+                _destroy(payload)
                 done(None, exc)
             else:
+                _destroy(payload)
                 done(records, None)
 
         Thread(target=body, name="sparktrain-stage", daemon=True).start()
@@ -61,6 +61,33 @@ class SparkLaunch:
 
     def describe_error(self, error: BaseException) -> str:
         return describe_spark_error(error)
+
+
+def _task(job: TaskJob, payload: Any) -> Callable[[Any], Any]:
+    """The body of every barrier task: ``job`` without its payload, which ``payload`` carries.
+
+    PySpark turns a pickled closure over about 1 MiB into a broadcast, written to files under
+    the driver's and executors' temporary folders, and ``job`` holds the run's key: so the
+    payload (which holds none) travels in a broadcast of its own, and the closure stays small
+    and in memory.
+    """
+
+    def task(iterator: Any) -> Any:
+        from sparktrain.task.entry import run_spark_task
+
+        return run_spark_task(dataclasses.replace(job, payload=payload.value), iterator)
+
+    return task
+
+
+def _destroy(broadcast: Any) -> None:
+    """Remove a broadcast's files and blocks, now that its job has ended."""
+    if broadcast is None:
+        return
+    try:
+        broadcast.destroy()
+    except Exception:  # noqa: BLE001 - the context may already be stopped
+        pass
 
 
 _PY_ERROR = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)): (.*)$")

@@ -29,6 +29,7 @@ from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
+from sparktrain.wire.address import listen_address
 
 _log = get_logger(__name__)
 
@@ -110,9 +111,13 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
     ctx = BarrierTaskContext.get()
     index = ctx.partitionId()
     backend = get_backend(job.run_config.backend)
-    with _session(job, "", range(index, index + 1)) as (session, launcher):
-        overrides = _run_hook(job, index)
-        host = overrides.get("host") or ctx.getTaskInfos()[index].address.rpartition(":")[0]
+    overrides = _run_hook(job, index)
+    host = overrides.get("host") or ctx.getTaskInfos()[index].address.rpartition(":")[0]
+    # The other tasks reach this one at ``host``: a launcher that serves them listens there
+    # alone when it is this machine's address, else on every interface (the host Spark knows
+    # an executor by may be an address this machine does not hold, as behind NAT).
+    bind = listen_address(host, "")
+    with _session(job, bind, range(index, index + 1)) as (session, launcher):
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
         info = TaskInfo(

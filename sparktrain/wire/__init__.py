@@ -3,7 +3,8 @@
 * :mod:`~sparktrain.wire.frames` — the frame format and the client side of a connection;
 * :mod:`~sparktrain.wire.server` — :class:`FrameServer`, used by the driver's channel and by
   an MPI task's peer server;
-* :mod:`~sparktrain.wire.protocol` — every message kind and the fields it must carry.
+* :mod:`~sparktrain.wire.protocol` — every message kind and the fields it must carry;
+* :mod:`~sparktrain.wire.address` — where a server listens: the one address its peers use.
 
 Driver, task and worker all import this package, so it imports nothing of theirs.
 """

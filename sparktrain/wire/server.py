@@ -9,9 +9,11 @@ stay quiet for as long as it likes.
 
 Connections are bounded: at most ``max_pending`` may be waiting to authenticate (the oldest is
 dropped to make room for a new one, so a flood cannot lock the ranks out) and at most
-``max_connections`` may be authenticated. With one thread per connection, threads are bounded
-by the two. Rejected connections are counted and logged, at most once per
-:data:`LOG_INTERVAL` seconds.
+``max_connections`` may be authenticated. There is one thread per connection, and the
+acceptor starts a new one only while fewer than ``max_pending + max_connections`` run (a
+dropped connection's thread may take a moment to end), so threads are bounded by the two
+whatever the flood. Rejected connections (failed, late or dropped to make room) are counted
+and logged, at most once per :data:`LOG_INTERVAL` seconds.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class _Connection:
         self.send_seq = 0
         self.lock = threading.Lock()
         self.authenticated = False
+        # Dropped to make room for a newer connection; it may no longer authenticate.
+        self.evicted = False
         self.opened = time.monotonic()
 
     def shutdown(self) -> None:
@@ -69,7 +73,8 @@ class FrameServer:
         key: the run's HMAC key.
         on_message: called from the connection's thread with each authenticated message.
         on_closed: called once when an authenticated connection ends (not after :meth:`close`).
-        bind: address to listen on (``""`` for every interface).
+        bind: address to listen on (``""`` for every IPv4 interface); see
+            :func:`~sparktrain.wire.address.listen_address`.
         advertise: the host name or address peers should connect to (default: ``bind``).
         max_connections: most authenticated connections at once; more are refused.
         max_pending: most connections waiting to authenticate; the oldest makes room.
@@ -95,10 +100,14 @@ class FrameServer:
         self.max_pending = max_pending
         self._on_message = on_message
         self._on_closed = on_closed
-        self._sock = socket.create_server((bind, 0), backlog=128)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self._sock = socket.create_server((bind.strip("[]"), 0), family=family, backlog=128)
         self._advertise = advertise or bind or "127.0.0.1"
         self._conns: dict[int, _Connection] = {}
         self._lock = threading.Lock()
+        # Signalled when a connection's thread ends (or the server closes): room for another.
+        self._room = threading.Condition(self._lock)
+        self._threads = 0
         self._ids = itertools.count(1)
         self._closed = False
         self._last_log = 0.0
@@ -125,14 +134,51 @@ class FrameServer:
             conn = _Connection(next(self._ids), sock)
             with self._lock:
                 pending = sorted(
-                    (c for c in self._conns.values() if not c.authenticated),
+                    (c for c in self._conns.values() if not c.authenticated and not c.evicted),
                     key=lambda c: c.opened,
                 )
                 evict = pending[: max(0, len(pending) - self.max_pending + 1)]
-                self._conns[conn.id] = conn
+                for old in evict:
+                    old.evicted = True
             for old in evict:
                 old.shutdown()
-            threading.Thread(target=self._serve, args=(conn,), name=self.name, daemon=True).start()
+                self._reject("did not authenticate before newer connections needed room")
+            if not self._admit(conn):
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), name=self.name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # the process is out of threads: drop this one, keep accepting
+                self._release(conn)
+                self._reject("no thread to serve it")
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Wait for room for one more connection thread; close ``conn`` if none comes in time."""
+        limit = self.max_pending + self.max_connections
+        with self._room:
+            room = self._room.wait_for(
+                lambda: self._closed or self._threads < limit, timeout=AUTH_TIMEOUT
+            )
+            if room and not self._closed:
+                self._threads += 1
+                self._conns[conn.id] = conn
+                return True
+        conn.shutdown()
+        conn.sock.close()
+        if not self._closed:
+            self._reject(f"more than {limit} connections")
+        return False
+
+    def _release(self, conn: _Connection) -> None:
+        """Forget an admitted connection and close it, making room for another."""
+        with self._room:
+            self._conns.pop(conn.id, None)
+            self._threads -= 1
+            self._room.notify()
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
 
     def _reject(self, why: str) -> None:
         with self._lock:
@@ -143,7 +189,8 @@ class FrameServer:
                 return
             count, self._unlogged, self._last_log = self._unlogged, 0, now
         _log.warning(
-            "%s: dropped %d connection(s) that failed authentication or framing (latest: %s)",
+            "%s: dropped %d connection(s) that failed authentication or framing, were too "
+            "slow, or were over the limits (latest: %s)",
             self.name,
             count,
             why,
@@ -156,6 +203,8 @@ class FrameServer:
             conn.sock, self.key, conn.nonce, TO_SERVER, 0, limit=AUTH_FRAME_MAX, deadline=deadline
         )
         with self._lock:
+            if conn.evicted:
+                raise EOFError("dropped to make room")
             authenticated = sum(c.authenticated for c in self._conns.values())
             if authenticated >= self.max_connections:
                 raise FrameError(f"more than {self.max_connections} authenticated connections")
@@ -184,12 +233,7 @@ class FrameServer:
         except (OSError, EOFError):
             pass
         finally:
-            with self._lock:
-                self._conns.pop(conn.id, None)
-            try:
-                conn.sock.close()
-            except OSError:
-                pass
+            self._release(conn)
             if conn.authenticated and not self._closed and self._on_closed is not None:
                 self._on_closed(conn.id)
 
@@ -222,7 +266,9 @@ class FrameServer:
 
     def close(self) -> None:
         """Stop accepting and drop every connection."""
-        self._closed = True
+        with self._room:
+            self._closed = True
+            self._room.notify_all()
         # close() alone does not wake a thread blocked in accept(); shutdown() does.
         shutdown(self._sock)
         try:

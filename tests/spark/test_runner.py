@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,7 @@ from sparktrain import (
     RunTimeoutError,
     SparkRunner,
     WorkerFailedError,
+    wire,
 )
 from tests.conftest import ranks
 from tests.fixtures import trainers
@@ -192,6 +196,52 @@ def test_garbage_sent_to_the_channel_does_not_disturb_the_run(mode, capsys):
     assert result == 3.0
     out = capsys.readouterr().out
     assert "[rank 0] still fine on 0" in out and "[rank 1] still fine on 1" in out
+
+
+def files_holding(needles: list[bytes], roots: list[Path], since: float) -> list[Path]:
+    """Regular files under ``roots`` written since ``since`` that contain any of ``needles``."""
+    found = []
+    for root in roots:
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = Path(folder) / name
+                try:
+                    info = path.lstat()
+                    if not stat.S_ISREG(info.st_mode) or info.st_mtime < since:
+                        continue
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                if any(needle in data for needle in needles):
+                    found.append(path)
+    return found
+
+
+def test_the_key_is_not_written_to_disk_with_a_large_payload(spark, monkeypatch):
+    keys: list[bytes] = []
+    new_key = wire.new_key
+
+    def recording_new_key() -> bytes:
+        keys.append(new_key())
+        return keys[-1]
+
+    monkeypatch.setattr(wire, "new_key", recording_new_key)
+    # Well over PySpark's 1 MiB threshold for turning a task's closure into a broadcast file.
+    blob = os.urandom(6 << 20)
+
+    def size(data: bytes) -> int:
+        return len(data)
+
+    since = time.time() - 1
+    assert SparkRunner(np=2).run(size, blob) == len(blob)
+    assert len(keys) == 1
+    conf = spark.sparkContext.getConf()
+    roots = [Path(tempfile.gettempdir()), Path(spark.sparkContext._temp_dir)]
+    roots += [Path(d) for d in (conf.get("spark.local.dir") or "").split(",") if d]
+    import pyspark
+
+    roots.append(Path(pyspark.__file__).parent / "work")  # local-cluster executors' folders
+    assert files_holding([keys[0], keys[0].hex().encode()], roots, since) == []
 
 
 def test_ddp_trainer_pattern_learns_and_ranks_agree(mode):

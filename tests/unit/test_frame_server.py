@@ -172,3 +172,73 @@ def test_rejections_are_logged_without_flooding_the_log(
     assert len(records) == 1  # the first one; the rest wait for the next interval
     assert "failed authentication or framing" in records[0].getMessage()
     assert "bad magic" in records[0].getMessage()
+
+
+class Peak:
+    """The most threads of this process, and of the server's connections, seen while it runs."""
+
+    def __init__(self, srv: wire.FrameServer) -> None:
+        self.srv = srv
+        self.threads = threading.active_count()
+        self.conns = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.threads = max(self.threads, threading.active_count())
+            self.conns = max(self.conns, len(self.srv._conns))
+
+    def __enter__(self) -> Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def partial_frames(srv: wire.FrameServer, n: int) -> list[socket.socket]:
+    """``n`` unauthenticated connections, each holding a partial or hostile first frame."""
+    openings = [
+        HEADER.pack(MAGIC, 64)[:6],  # half a header
+        HEADER.pack(MAGIC, 64) + b"\0" * 20,  # a header and part of the HMAC
+        HEADER.pack(MAGIC, 0xFFFFFFFF),  # a huge declared length
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # garbage (a TLS hello)
+    ]
+    socks = []
+    for i in range(n):
+        sock = socket.create_connection(wire.parse_address(srv.address), timeout=5)
+        sock.sendall(openings[i % len(openings)])
+        socks.append(sock)
+    return socks
+
+
+@pytest.mark.parametrize("collecting", [{"max_pending": 8, "max_connections": 4}], indirect=True)
+def test_many_partial_frames_keep_threads_and_connections_bounded(collecting: Collecting) -> None:
+    srv = collecting.server
+    baseline = threading.active_count()
+    flood: list[socket.socket] = []
+    try:
+        with Peak(srv) as peak:
+            flood += partial_frames(srv, 150)
+            # A rank arriving while the flood holds every pending slot still gets through...
+            client = wire.ChannelClient(srv.address, KEY, timeout=5)
+            try:
+                client.send({"type": "log", "line": "through the flood"})
+                assert collecting.next()[2] == {"type": "log", "line": "through the flood"}
+                # ...and, once authenticated, is never dropped to make room for more.
+                flood += partial_frames(srv, 150)
+                client.send({"type": "log", "line": "still here"})
+                assert collecting.next()[2] == {"type": "log", "line": "still here"}
+            finally:
+                client.close()
+            # Every one of them is dropped (failed, or to make room), but the last 8 held.
+            wait_until(lambda: srv.rejected >= 300 - 8)
+        # One thread per connection the server holds, never more than it may hold at once,
+        # however many connections came (Peak's own thread is the +1).
+        assert peak.conns <= 8 + 4
+        assert peak.threads <= baseline + 1 + 8 + 4
+    finally:
+        for sock in flood:
+            sock.close()

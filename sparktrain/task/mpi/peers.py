@@ -20,7 +20,9 @@ class PeerServer(FrameServer):
     Args:
         key: the run's HMAC key.
         on_event: the callback, called from connection threads.
-        bind: address to listen on (default: every interface).
+        bind: address to listen on: the task's own host address when it is this machine's
+            (see :func:`~sparktrain.wire.address.listen_address`), else ``""`` (every
+            interface).
     """
 
     def __init__(self, key: bytes, on_event: PeerEvent, bind: str = "") -> None:
