@@ -39,14 +39,25 @@ def total_slots(sc: Any) -> int:
 
 
 def busy_slots(sc: Any) -> int:
-    """Tasks currently running for other jobs."""
+    """Tasks currently running for other jobs, or still ending after their job was cancelled.
+
+    A cancelled job's stage leaves the active stages at once, while its tasks may take
+    seconds more to be killed on the executors (a Python worker is killed after
+    ``spark.python.task.killTimeout``), holding their slots: the executors' own count of
+    running tasks sees those too.
+    """
     tracker = sc.statusTracker()
-    busy = 0
+    in_stages = 0
     for stage_id in tracker.getActiveStageIds():
         info = tracker.getStageInfo(stage_id)
         if info is not None:
-            busy += int(info.numActiveTasks)
-    return busy
+            in_stages += int(info.numActiveTasks)
+    try:
+        executors = sc._jsc.sc().statusTracker().getExecutorInfos()
+        on_executors = sum(int(e.numRunningTasks()) for e in executors)
+    except Exception:  # noqa: BLE001 - internal API; the stages' count has to do
+        on_executors = 0
+    return max(in_stages, on_executors)
 
 
 def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> None:

@@ -28,13 +28,12 @@ def executors(spark: Any) -> list[str]:
     return sorted(f"{info.host()}:{info.port()}" for info in infos)
 
 
-def hang_task_1(index: int) -> None:
-    if index == 1:
-        time.sleep(600)
-
-
 def _rendezvous(tmp: Path) -> None:
-    runner = SparkRunner(np=2, start_timeout=1, grace_period=1)
+    def hang_task_1(index: int) -> None:  # nested: pickled by value, as executors need
+        if index == 1:
+            time.sleep(600)
+
+    runner = SparkRunner(np=2, start_timeout=4, grace_period=1)
     runner._pre_rendezvous_hook = hang_task_1
     with pytest.raises(RendezvousTimeoutError) as info:
         runner.run(trainers.noop)
@@ -63,6 +62,9 @@ def _finished(tmp: Path) -> None:
     ids=["rendezvous", "training", "collective", "teardown"],
 )
 def test_stopping_twenty_times_loses_no_executor(spark, tmp_path, phase):
+    # One run first: the executors have registered and their Python workers are warm, so
+    # each round below is decided by its phase, not by a cold start.
+    assert SparkRunner(np=2).run(trainers.noop) == 0
     before = executors(spark)
     assert len(before) == 3  # the driver and two executors
     for i in range(ROUNDS):

@@ -52,6 +52,7 @@ class FakeScalaContext:
         self.calls = 0
         self._profiles = profiles
         self.executors = 1
+        self.running: list[int] = []  # running tasks per executor
 
     def resourceProfileManager(self) -> FakeProfileManager:  # noqa: N802
         if not self._profiles:
@@ -62,6 +63,23 @@ class FakeScalaContext:
         assert profile == "default-profile"
         self.calls += 1
         return self._slots()
+
+    def statusTracker(self) -> Any:  # noqa: N802
+        """The JVM tracker: each executor's running tasks (those of cancelled jobs too)."""
+        running = self.running
+
+        class Executor:
+            def __init__(self, n: int) -> None:
+                self.n = n
+
+            def numRunningTasks(self) -> int:  # noqa: N802
+                return self.n
+
+        class Tracker:
+            def getExecutorInfos(self) -> list[Executor]:  # noqa: N802
+                return [Executor(0)] + [Executor(n) for n in running]  # the driver, executors
+
+        return Tracker()
 
     def getExecutorMemoryStatus(self) -> Any:  # noqa: N802
         class Status:
@@ -301,3 +319,23 @@ def test_no_slots_message_does_not_suggest_np_zero() -> None:
     with pytest.raises(CapacityError) as info:
         check_capacity(FakeSc(slots=0), 2, wait=30)
     assert "Lower np to 0" not in str(info.value)
+
+
+def test_tasks_of_a_cancelled_job_still_ending_count_as_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The cancelled job's stage is gone from the active stages, but its task still runs on
+    # one executor until Spark has killed it: that slot is not free yet.
+    sc = FakeSc(slots=2, busy=[])
+    sc._jsc.sc().running = [1, 0]
+    assert busy_slots(sc) == 1
+    calls = {"n": 0}
+
+    def task_ends(seconds: float) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            sc._jsc.sc().running = [0, 0]
+
+    monkeypatch.setattr("sparktrain.driver.capacity.time.sleep", task_ends)
+    check_capacity(sc, 2, wait=60)  # waits until the task has ended, then returns
+    assert calls["n"] == 3 and busy_slots(sc) == 0
