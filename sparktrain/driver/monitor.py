@@ -1,4 +1,5 @@
-"""The driver's side of a run: show logs, watch deadlines and failures, stop everything cleanly.
+"""The driver's side of a run: show logs, watch deadlines and failures, stop everything cleanly,
+and say where each rank that was still running was stopped.
 
 The monitor runs in the caller's thread (so a notebook cell shows the logs and Ctrl-C lands
 here) and waits on one queue fed by the channel and by the launch's completion; it never
@@ -22,8 +23,10 @@ from sparktrain.errors import (
     SparkTrainError,
     WorkerFailedError,
     WorkerFailure,
+    describe_stopped,
 )
 from sparktrain.log import get_logger
+from sparktrain.task.process import STACK_WAIT
 from sparktrain.wire import protocol
 
 _log = get_logger(__name__)
@@ -77,6 +80,8 @@ class RunMonitor:
         self.arrived: set[int] = set()
         self.exited: set[int] = set()
         self.failures: dict[int, WorkerFailure] = {}
+        # The ranks that were still running when the run was stopped: where each was.
+        self.stopped: dict[int, WorkerFailure] = {}
         self.task_conns: dict[int, int] = {}
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
@@ -192,6 +197,10 @@ class RunMonitor:
                 stop_deadline, cancel_deadline = None, self._cancel(launch)
         self.times["end"] = time.monotonic()
         if interrupted:
+            self._collect_stopped(done)
+            if self.stopped:
+                report = describe_stopped(self.stopped)
+                raise KeyboardInterrupt(f"interrupted; every rank was stopped.\n\n{report}")
             raise KeyboardInterrupt
         return self._conclude(done, launch)
 
@@ -211,6 +220,10 @@ class RunMonitor:
             spent["teardown"] = self.times["end"] - self.times["done"]
         return spent
 
+    def _connections(self) -> list[int]:
+        """Every task's connection, once (the local supervisor speaks for all its tasks on one)."""
+        return sorted(set(self.task_conns.values()))
+
     def _cancel(self, launch: Launch) -> float:
         """Cancel the launch; returns how long to wait for it to report its end."""
         launch.cancel()
@@ -220,10 +233,31 @@ class RunMonitor:
         """Ask every task to stop its ranks; returns the deadline for them to confirm."""
         self.stop_error = error
         self.stop_reason = str(error) if error else "stopping"
-        self.server.broadcast(
-            protocol.ABORT(reason=self.stop_reason), list(self.task_conns.values())
+        self.server.broadcast(protocol.ABORT(reason=self.stop_reason), self._connections())
+        # Each rank dumps its stack (STACK_WAIT at most), then gets the grace period.
+        return time.monotonic() + STACK_WAIT + self.config.grace_period + STOP_SLACK
+
+    def _failed(self, failure: WorkerFailure) -> bool:
+        """Count ``failure``; False when it only followed a stop for a deadline or an
+        interrupt (its collective lost a peer that was stopped): it then counts as stopped."""
+        stopping = self.stop_reason is not None and not isinstance(
+            self.stop_error, WorkerFailedError
         )
-        return time.monotonic() + self.config.grace_period + STOP_SLACK
+        if stopping and failure.follows_peer_loss:
+            self.stopped.setdefault(failure.rank, failure)
+            return False
+        self.failures.setdefault(failure.rank, failure)
+        return True
+
+    def _collect_stopped(self, done: dict[str, Any] | None) -> None:
+        """Take the stopped ranks' stacks from the records too (they may come either way)."""
+        for record in (done or {}).get("records") or ():
+            if record.get("status") == "stopped" and record.get("failure"):
+                try:
+                    failure = WorkerFailure.from_json(record["failure"])
+                except (TypeError, ValueError):
+                    continue
+                self.stopped.setdefault(failure.rank, failure)
 
     def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
         if message.get("type") == CLOSED:
@@ -240,6 +274,10 @@ class RunMonitor:
         elif kind is protocol.REPORT:
             if self.on_report is not None:
                 self.on_report(message)
+        elif kind is protocol.STACK:
+            if message["stopped"]:
+                state = WorkerFailure.from_json(message["record"])
+                self.stopped.setdefault(state.rank, state)
         elif kind is protocol.HELLO:
             index = message["index"]
             self.times.setdefault("hello", time.monotonic())
@@ -254,16 +292,15 @@ class RunMonitor:
                 self.go_sent = True
                 self.times["go"] = time.monotonic()
                 tasks = [self.infos[i] for i in range(self.n)]
-                self.server.broadcast(protocol.GO(tasks=tasks), list(self.task_conns.values()))
+                self.server.broadcast(protocol.GO(tasks=tasks), self._connections())
         elif kind is protocol.SHARED:
             # What rank 0's task prepared (e.g. Horovod's rendezvous server), for every task.
-            self.server.broadcast(message, list(self.task_conns.values()))
+            self.server.broadcast(message, self._connections())
         elif kind is protocol.STARTED:
             self.started[message["rank"]] = message
         elif kind is protocol.FAILURE:
-            failure = WorkerFailure.from_json(message["failure"])
-            self.failures.setdefault(failure.rank, failure)
-            return WorkerFailedError(self.failures)
+            if self._failed(WorkerFailure.from_json(message["failure"])):
+                return WorkerFailedError(self.failures)
         elif kind is protocol.EXITED:
             self.exited.add(message["index"])
         return None
@@ -280,9 +317,11 @@ class RunMonitor:
             return 0 <= message["index"] < self.n
         if kind is protocol.SHARED:
             return all(isinstance(v, str) for v in message["values"].values())
-        if kind is protocol.FAILURE:
+        if kind in (protocol.FAILURE, protocol.STACK):
             try:
-                WorkerFailure.from_json(message["failure"])
+                WorkerFailure.from_json(
+                    message["failure" if kind is protocol.FAILURE else "record"]
+                )
             except (KeyError, TypeError, ValueError):
                 return False
         return True
@@ -319,10 +358,13 @@ class RunMonitor:
         records: list[dict[str, Any]] = done.get("records") or []
         for record in records:
             if record.get("status") == "failed" and record.get("failure"):
-                failure = WorkerFailure.from_json(record["failure"])
-                self.failures.setdefault(failure.rank, failure)
+                self._failed(WorkerFailure.from_json(record["failure"]))
+        self._collect_stopped(done)
         if self.failures:
-            raise WorkerFailedError(self.failures)
+            raise WorkerFailedError(self.failures, stopped=self.stopped)
+        if isinstance(self.stop_error, RunTimeoutError):
+            # Raised with where every rank was, which is known only now.
+            raise type(self.stop_error)(self.stop_error.reason, self.stopped)
         if self.stop_error is not None:
             raise self.stop_error
         error = done.get("error")

@@ -27,7 +27,7 @@ from sparktrain import contract
 from sparktrain.backends.base import Backend, rank_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
-from sparktrain.task.process import RankProcess, stop_all
+from sparktrain.task.process import STACK_WAIT, RankProcess, stop_all
 from sparktrain.task.records import error_file, rank_record, record
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
@@ -156,6 +156,7 @@ class ProcessLauncher(RankLauncher):
             str(workdir),
             on_line=self.session.log,
             on_exit=self.session.on_exit,
+            dumps_stacks=True,
         )
         self.session.started(rank, proc.pid)
         return proc
@@ -174,7 +175,9 @@ class ProcessLauncher(RankLauncher):
                     stopping = True
                     live = [p for r, p in procs.items() if r not in records]
                     threading.Thread(
-                        target=stop_all, args=(live, self.config.grace_period), daemon=True
+                        target=stop_all,
+                        args=(live, self.config.grace_period, STACK_WAIT),
+                        daemon=True,
                     ).start()
                 continue
             if kind != "exit" or rank_id not in procs:
@@ -188,8 +191,12 @@ class ProcessLauncher(RankLauncher):
                 proc.tail,
                 proc.exit_time or time.time(),
                 stopped=proc.stopped_by_supervisor,
+                stack=proc.last_stack,
             )
             records[rank_id] = record
+            if record["status"] == "stopped" and record["failure"]:
+                # Also over the channel: a cancelled Spark job may never return its records.
+                self.session.send(protocol.STACK(record=record["failure"], stopped=True))
             if record["status"] == "failed":
                 self.session.send(protocol.FAILURE(failure=record["failure"]))
                 if not stopping and len(procs) > 1:

@@ -75,6 +75,9 @@ REPORT = _kind(  # sparktrain.report()
 )
 FAILURE = _kind("failure", failure=dict)  # a rank failed (a WorkerFailure as JSON)
 EXITED = _kind("exited", index=int)  # a task's ranks are all gone
+# Where a rank's main thread was as it was stopped: a WorkerFailure as JSON with its where,
+# stack and output tail (stopped=True).
+STACK = _kind("stack", record=dict, stopped=bool)
 # -- the driver → tasks ----------------------------------------------------------------------
 ABORT = _kind("abort", reason=str)  # stop every rank now
 GO = _kind("go", tasks=list)  # every task has arrived (their infos, by index): start
@@ -91,7 +94,7 @@ RSH_EXIT = _kind("rsh_exit", code=int)
 RELEASE = _kind("release")
 
 TO_DRIVER: frozenset[Kind] = frozenset(
-    {HELLO, STARTED, LOG, USER_LOG, REPORT, FAILURE, EXITED, SHARED}
+    {HELLO, STARTED, LOG, USER_LOG, REPORT, FAILURE, EXITED, STACK, SHARED}
 )
 TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHARED})
 TO_PEER: frozenset[Kind] = frozenset({RSH, MEMBER, DAEMON_STARTED, HOST_DONE})
@@ -131,6 +134,7 @@ __all__ = [
     "RSH_EXIT",
     "RSH_OUTPUT",
     "SHARED",
+    "STACK",
     "STARTED",
     "TO_AGENT",
     "TO_DRIVER",
