@@ -58,6 +58,11 @@ class RunTimeoutError(SparkTrainError, TimeoutError):
         return (type(self), (self.reason, self.stopped))
 
 
+class RunStalledError(RunTimeoutError):
+    """No rank printed or reported anything for ``stall_timeout`` (with
+    ``stall_action="fail"``); every rank was stopped, and their stacks are in the message."""
+
+
 # What a collective raises when a peer is gone (Horovod, Gloo, NCCL, sockets).
 PEER_LOSS_SIGNS = (
     "Horovod has been shut down",
@@ -86,7 +91,8 @@ class WorkerFailure:
         user_error: True when the user's function raised (as opposed to a crash or kill).
         phase: where it failed: "load" (unpickling the function), "run" (the function),
             "result" (pickling rank 0's result), "lost" (the process or task vanished);
-            or "stopped": it had not failed but was still running when the run was stopped.
+            or "stopped": it had not failed but was still running when the run was stopped;
+            or "running": where a rank that runs on was when asked (a stall).
         where: for a stopped rank, where its main thread was: the innermost call and the
             user's line that made it (see :func:`sparktrain.stacks.where`).
         stack: for a stopped rank, its main thread's stack, most recent call last.
@@ -119,6 +125,8 @@ class WorkerFailure:
         """A short phrase for how the rank ended: exception, exit code or signal name."""
         if self.phase == "stopped":
             return "was still running"
+        if self.phase == "running":
+            return "is running"
         if self.exc_type:
             return f"raised {self.exc_type}"
         if self.exit_code is None:

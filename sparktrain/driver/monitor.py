@@ -1,5 +1,5 @@
-"""The driver's side of a run: show logs, watch deadlines and failures, stop everything cleanly,
-and say where each rank that was still running was stopped.
+"""The driver's side of a run: show logs, watch deadlines, stalls and failures, stop everything
+cleanly, and say where each rank that was still running was stopped.
 
 The monitor runs in the caller's thread (so a notebook cell shows the logs and Ctrl-C lands
 here) and waits on one queue fed by the channel and by the launch's completion; it never
@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO
 from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
+from sparktrain.driver.stall import StallWatch
 from sparktrain.errors import (
     RendezvousTimeoutError,
     RunTimeoutError,
@@ -82,6 +83,7 @@ class RunMonitor:
         self.failures: dict[int, WorkerFailure] = {}
         # The ranks that were still running when the run was stopped: where each was.
         self.stopped: dict[int, WorkerFailure] = {}
+        self.stall = StallWatch(config)
         self.task_conns: dict[int, int] = {}
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
@@ -138,11 +140,9 @@ class RunMonitor:
             confirming = (stop_deadline is not None or draining) and not self.exited >= expected
             if done is not None and not confirming:
                 break
-            deadlines = [
-                d
-                for d in (run_deadline, stop_deadline, cancel_deadline, drain_deadline)
-                if d is not None
-            ]
+            stall_deadline = self.stall.deadline() if self.stop_reason is None else None
+            timers = (run_deadline, stop_deadline, cancel_deadline, drain_deadline, stall_deadline)
+            deadlines = [d for d in timers if d is not None]
             if len(self.arrived) < self.n and self.stop_reason is None:
                 deadlines.append(rendezvous_deadline)
             wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
@@ -177,6 +177,8 @@ class RunMonitor:
                             ),
                             launch,
                         )
+                    elif self.stop_reason is None and self.stall.stalled(now):
+                        stop_deadline = self._stalled(launch)
                 else:
                     if message.get("type") == DONE:
                         done = message
@@ -237,9 +239,22 @@ class RunMonitor:
         # Each rank dumps its stack (STACK_WAIT at most), then gets the grace period.
         return time.monotonic() + STACK_WAIT + self.config.grace_period + STOP_SLACK
 
+    def _stalled(self, launch: Launch) -> float | None:
+        """The ranks have been silent too long: show where they are, or stop the run.
+
+        Returns:
+            The deadline for the tasks to confirm their stop, when the run is stopped.
+        """
+        if self.config.stall_action == "fail":
+            return self._stop(self.stall.error(), launch)
+        reason = self.stall.description()
+        _log.warning("%s; asking every rank where it is", reason)
+        self.server.broadcast(protocol.SHOW_STACKS(reason=reason), self._connections())
+        return None
+
     def _failed(self, failure: WorkerFailure) -> bool:
-        """Count ``failure``; False when it only followed a stop for a deadline or an
-        interrupt (its collective lost a peer that was stopped): it then counts as stopped."""
+        """Count ``failure``; False when it only followed a stop for a deadline, a stall or
+        an interrupt (its collective lost a peer that was stopped): it then counts as stopped."""
         stopping = self.stop_reason is not None and not isinstance(
             self.stop_error, WorkerFailedError
         )
@@ -268,16 +283,23 @@ class RunMonitor:
             # a version mismatch or a bug, never a reason to end the run.
             self.malformed += 1
         elif kind is protocol.LOG:
+            self.stall.activity(time.monotonic())
             self._print(f"[rank {message['rank']}] {message['line']}")
         elif kind is protocol.USER_LOG:
+            self.stall.activity(time.monotonic())
             self._print(f"[rank {message['rank']}] {message['message']}")
         elif kind is protocol.REPORT:
+            self.stall.activity(time.monotonic())
             if self.on_report is not None:
                 self.on_report(message)
+        elif kind is protocol.ACTIVE:
+            self.stall.activity(time.monotonic())
         elif kind is protocol.STACK:
+            state = WorkerFailure.from_json(message["record"])
             if message["stopped"]:
-                state = WorkerFailure.from_json(message["record"])
                 self.stopped.setdefault(state.rank, state)
+            elif self.stop_reason is None:
+                _log.warning("%s", state.describe(tail_lines=10))
         elif kind is protocol.HELLO:
             index = message["index"]
             self.times.setdefault("hello", time.monotonic())
@@ -291,6 +313,7 @@ class RunMonitor:
                 # From here on a task may start ranks; before it, none can have.
                 self.go_sent = True
                 self.times["go"] = time.monotonic()
+                self.stall.start(self.times["go"])
                 tasks = [self.infos[i] for i in range(self.n)]
                 self.server.broadcast(protocol.GO(tasks=tasks), self._connections())
         elif kind is protocol.SHARED:

@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 from sparktrain.errors import (
+    RunStalledError,
     RunTimeoutError,
     WorkerFailedError,
     WorkerFailure,
@@ -54,6 +55,8 @@ def test_the_timeout_error_lists_every_stopped_rank_then_their_stacks() -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == str(error) and copy.reason == error.reason
     assert str(RunTimeoutError("plain")) == "plain"
+    stalled = pickle.loads(pickle.dumps(RunStalledError("quiet", ranks)))
+    assert isinstance(stalled, RunTimeoutError) and stalled.stopped.keys() == {0, 1}
 
 
 def test_worker_failed_error_keeps_the_root_cause_first_and_the_stopped_ranks_last() -> None:

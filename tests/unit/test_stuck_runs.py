@@ -1,12 +1,13 @@
 """A stuck run says where it is stuck: real local runs (np=-2) with real worker processes.
 
-Each run's error must name every rank that was still running with the line of this file it
-was at.
+Each run's error (or, for stall_action="warn", the log) must name every rank that was still
+running with the line of this file it was at.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import re
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import RunTimeoutError, SparkRunner, WorkerFailedError
+from sparktrain import RunStalledError, RunTimeoutError, SparkRunner, WorkerFailedError
 from tests.helpers import wait_for_files
 
 
@@ -90,6 +91,35 @@ def test_a_timeout_names_each_rank_with_its_frame() -> None:
     assert "its main thread's stack (most recent call last):" in message
     assert re.search(r'distributed_c10d.py", line \d+, in all_reduce\n', message)
     assert set(info.value.stopped) == {0, 1}
+
+
+def test_a_stall_with_stall_action_fail_ends_the_run_with_the_stacks() -> None:
+    runner = SparkRunner(
+        np=-2, stall_timeout=4, stall_action="fail", grace_period=1, progress=False
+    )
+    with pytest.raises(RunStalledError) as info:
+        runner.run(_silent_for, 120)
+    message = str(info.value)
+    assert message.startswith("no rank has printed or reported anything for 4s")
+    expected = f"in _silent_for at {line_of(_silent_for, 'time.sleep')}: time.sleep(seconds)"
+    assert where_line(message, 0) == f"  rank 0: {expected}"
+    assert where_line(message, 1) == f"  rank 1: {expected}"
+    assert "  | ready" in message  # the last output lines come too
+
+
+def test_a_stall_with_stall_action_warn_shows_the_stacks_once_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sparktrain")
+    runner = SparkRunner(np=-2, stall_timeout=3, grace_period=1, progress=False)
+    assert runner.run(_silent_for, 7) == 0
+    expected = f"in _silent_for at {line_of(_silent_for, 'time.sleep')}: time.sleep(seconds)"
+    shown = [r.getMessage() for r in caplog.records if expected in r.getMessage()]
+    assert sorted(m.splitlines()[0] for m in shown) == [
+        f"rank 0 on 127.0.0.1 is running: {expected}",
+        f"rank 1 on 127.0.0.1 is running: {expected}",
+    ]
+    assert "no rank has printed or reported anything for 3s" in caplog.text
 
 
 def test_a_failure_elsewhere_shows_where_the_stopped_rank_was() -> None:
