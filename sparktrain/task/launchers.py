@@ -106,6 +106,7 @@ def worker_env(
     # The user's variables win over tunable defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME);
     # the per-rank ones they may not set are refused by RunConfig.
     env.update(config.env)
+    env.update(backend.env_defaults(env))
     env.update(session.common_env(workdir))
     env.update(
         {
