@@ -8,8 +8,9 @@ Example:
 Where the code runs (each folder is a boundary; a module imports only from its own layer or
 the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 
-- ``contract``, ``errors``, ``log``, ``conf_file``: leaves every process shares (the names
-  that cross a process boundary, the error tree, logging, the conf-file parser);
+- ``contract``, ``errors``, ``log``, ``conf_file``, ``stacks``: leaves every process shares
+  (the names that cross a process boundary, the error tree, logging, the conf-file parser,
+  reading a rank's stack dump);
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every
   message kind;
 - ``config``, ``cluster``, ``payload``: a run's settings, its layout, its pickles;
@@ -27,6 +28,7 @@ from sparktrain.errors import (
     ConfigurationError,
     PayloadError,
     RendezvousTimeoutError,
+    RunStalledError,
     RunTimeoutError,
     SparkTrainError,
     WorkerFailedError,
@@ -54,6 +56,7 @@ __all__ = [
     "ConfigurationError",
     "PayloadError",
     "RendezvousTimeoutError",
+    "RunStalledError",
     "RunTimeoutError",
     "SparkRunner",
     "SparkTrainError",

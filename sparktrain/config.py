@@ -21,6 +21,7 @@ from sparktrain.errors import ConfigurationError
 CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
 VERBOSITIES = ("all", "log_callback_only")
+STALL_ACTIONS = ("warn", "fail")
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
 RESERVED_ENV = frozenset(
@@ -105,7 +106,7 @@ def _setting(default: Any, key: str, kind: str, doc: str, unset: str | None = No
         kind: how its text form is read and written (a key of ``_KINDS``).
         doc: what it means, for ``defaults.conf``.
         unset: for a field that may be None, the word ``defaults.conf`` writes for None;
-            any of ``none``, ``auto`` or nothing reads as None.
+            it, ``none``, ``auto`` or nothing reads as None.
     """
     metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset}
     return dataclasses.field(default=default, metadata=metadata)
@@ -152,6 +153,22 @@ class RunConfig:
     )
     timeout: float | None = _setting(
         None, "timeout", "duration", "how long the whole run may take.", unset="none"
+    )
+    stall_timeout: float | None = _setting(
+        600.0,
+        "stallTimeout",
+        "duration",
+        "when no rank has printed or reported anything for this long, the run is stalled: "
+        "every rank's stack is shown (off: never).",
+        unset="off",
+    )
+    stall_action: str = _setting(
+        "warn",
+        "stallAction",
+        "str",
+        "what a stall does besides showing the stacks: warn (nothing more; shown again after "
+        "the next silence) or fail (stop the run with RunStalledError, which maxRestarts "
+        "restarts).",
     )
     capacity_wait: float = _setting(
         60.0,
@@ -210,14 +227,21 @@ class RunConfig:
                 f"backend must be a string; got {self.backend!r}"
                 f" (argument backend=, or {conf_key('backend')})"
             )
+        if self.stall_action not in STALL_ACTIONS:
+            raise ConfigurationError(
+                f"stall_action must be one of {', '.join(STALL_ACTIONS)}; got "
+                f"{self.stall_action!r} (argument stall_action=, or {conf_key('stall_action')})"
+            )
         if self.driver_log_verbosity not in VERBOSITIES:
             raise ConfigurationError(
                 f"driver_log_verbosity must be one of {', '.join(VERBOSITIES)}; "
                 f"got {self.driver_log_verbosity!r}"
             )
-        for name in ("start_timeout", "capacity_wait", "grace_period", "timeout"):
+        if isinstance(self.stall_timeout, str) and self.stall_timeout.strip().lower() == "off":
+            object.__setattr__(self, "stall_timeout", None)
+        for name in ("start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout"):
             value = getattr(self, name)
-            if value is None and name == "timeout":
+            if value is None and name in ("timeout", "stall_timeout"):
                 continue
             if (
                 isinstance(value, bool)
@@ -225,8 +249,9 @@ class RunConfig:
                 or value <= 0
                 or not math.isfinite(value)
             ):
+                off = " or 'off'" if name == "stall_timeout" else ""
                 raise ConfigurationError(
-                    f"{name} must be a positive number of seconds; got {value!r}"
+                    f"{name} must be a positive number of seconds{off}; got {value!r}"
                     f" (argument {name}=, or {conf_key(name)})"
                 )
         for name in ("max_payload_bytes", "max_result_bytes"):
@@ -332,9 +357,11 @@ def _settings() -> tuple[dataclasses.Field[Any], ...]:
 
 def _parser(setting: dataclasses.Field[Any]) -> Callable[[str], Any]:
     parse = _KINDS[setting.metadata["kind"]][0]
-    if setting.metadata["unset"] is None:
+    unset = setting.metadata["unset"]
+    if unset is None:
         return parse
-    return lambda text: None if text.strip().lower() in _UNSET_WORDS else parse(text)
+    words = (*_UNSET_WORDS, unset)
+    return lambda text: None if text.strip().lower() in words else parse(text)
 
 
 _DEFAULTS_HEADER = """\
@@ -347,7 +374,8 @@ _DEFAULTS_HEADER = """\
 # key), by an environment variable (SPARKTRAIN_ + the argument's name in upper case, e.g.
 # SPARKTRAIN_START_TIMEOUT), and by a keyword argument of SparkRunner (start_timeout=...).
 # Durations are seconds (or 500ms, 30s, 5m, 1h); sizes are bytes (or 64k, 256m, 1g); none and
-# auto mean no value. The format is Spark's: `key value` or `key=value`, # for comments.
+# auto mean no value, and so does off where it is the value shown. The format is Spark's:
+# `key value` or `key=value`, # for comments.
 """
 
 

@@ -11,6 +11,7 @@ Variables whose names start with ``_SPARKTRAIN_`` are private to sparktrain's pr
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Mapping
 
 # -- what every worker process gets from its supervisor ----------------------------------------
@@ -37,6 +38,10 @@ KEY_ENV = "_SPARKTRAIN_KEY"
 RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
 # Which launch of the run this is: 0, then one more per restart.
 ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
+# The write end of the supervisor's stack pipe: the worker's faulthandler dumps its threads'
+# stacks there on STACK_SIGNAL, after one header line (see stack_header).
+STACK_FD_ENV = "_SPARKTRAIN_STACK_FD"
+STACK_SIGNAL = signal.SIGUSR1
 
 # -- launcher="mpi" ----------------------------------------------------------------------------
 # A JSON object {global rank: {env var: value}} for the ranks of one host (see rank_table).
@@ -62,6 +67,36 @@ def error_file_name(rank: int) -> str:
 def pid_file_name(rank: int) -> str:
     """The file an MPI rank writes its pid to, so its task can reap it."""
     return f"rank-{rank}.pid"
+
+
+# -- stack dumps -------------------------------------------------------------------------------
+_STACK_HEADER = "sparktrain-stacks"
+
+
+def stack_header(main_thread: int, root: str) -> str:
+    """The line a worker writes to its stack pipe once its dump handler is registered.
+
+    Args:
+        main_thread: the main thread's ident, as faulthandler prints it in its dumps.
+        root: the name of the main thread's outermost function (the last frame of its
+            section in a complete dump).
+    """
+    return f"{_STACK_HEADER} main=0x{main_thread:x} root={root}\n"
+
+
+def parse_stack_header(line: str) -> tuple[int, str] | None:
+    """Inverse of :func:`stack_header` (without its newline); None for any other line."""
+    name, _, rest = line.strip().partition(" ")
+    fields = {}
+    for part in rest.split(" "):
+        key, _, value = part.partition("=")
+        fields[key] = value
+    if name != _STACK_HEADER or "main" not in fields or "root" not in fields:
+        return None
+    try:
+        return int(fields["main"], 16), fields["root"]
+    except ValueError:
+        return None
 
 
 # -- exit codes --------------------------------------------------------------------------------

@@ -40,7 +40,27 @@ class RendezvousTimeoutError(SparkTrainError, TimeoutError):
 
 
 class RunTimeoutError(SparkTrainError, TimeoutError):
-    """The run took longer than its ``timeout``."""
+    """The run took longer than its ``timeout``; every rank was stopped.
+
+    Attributes:
+        reason: what happened, without the ranks' stacks.
+        stopped: the ranks that were still running, by rank: where each was, its stack and
+            its last output lines (see :func:`describe_stopped`).
+    """
+
+    def __init__(self, reason: str, stopped: Mapping[int, WorkerFailure] | None = None) -> None:
+        self.reason = reason
+        self.stopped = dict(stopped or {})
+        report = describe_stopped(self.stopped)
+        super().__init__(f"{reason}\n\n{report}" if report else reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.stopped))
+
+
+class RunStalledError(RunTimeoutError):
+    """No rank printed or reported anything for ``stall_timeout`` (with
+    ``stall_action="fail"``); every rank was stopped, and their stacks are in the message."""
 
 
 # What a collective raises when a peer is gone (Horovod, Gloo, NCCL, sockets).
@@ -70,7 +90,12 @@ class WorkerFailure:
         time: wall-clock time the failure was seen, for ordering root causes.
         user_error: True when the user's function raised (as opposed to a crash or kill).
         phase: where it failed: "load" (unpickling the function), "run" (the function),
-            "result" (pickling rank 0's result), "lost" (the process or task vanished).
+            "result" (pickling rank 0's result), "lost" (the process or task vanished);
+            or "stopped": it had not failed but was still running when the run was stopped;
+            or "running": where a rank that runs on was when asked (a stall).
+        where: for a stopped rank, where its main thread was: the innermost call and the
+            user's line that made it (see :func:`sparktrain.stacks.where`).
+        stack: for a stopped rank, its main thread's stack, most recent call last.
     """
 
     rank: int
@@ -83,6 +108,8 @@ class WorkerFailure:
     time: float = 0.0
     user_error: bool = False
     phase: str = "run"
+    where: str = ""
+    stack: str | None = None
 
     @property
     def follows_peer_loss(self) -> bool:
@@ -96,6 +123,10 @@ class WorkerFailure:
     @property
     def how(self) -> str:
         """A short phrase for how the rank ended: exception, exit code or signal name."""
+        if self.phase == "stopped":
+            return "was still running"
+        if self.phase == "running":
+            return "is running"
         if self.exc_type:
             return f"raised {self.exc_type}"
         if self.exit_code is None:
@@ -112,11 +143,14 @@ class WorkerFailure:
         """Render this failure for a human: headline, traceback, last output lines."""
         where = f" on {self.host}" if self.host else ""
         head = f"rank {self.rank}{where} {self.how}"
-        if self.message:
-            head += f": {self.message}"
+        if self.message or self.where:
+            head += f": {self.message or self.where}"
         parts = [head]
         if self.traceback:
             parts.append(self.traceback.rstrip())
+        if self.stack:
+            parts.append("its main thread's stack (most recent call last):")
+            parts.append(self.stack.rstrip())
         tail = _without_traceback(list(self.output_tail), self.traceback)[-tail_lines:]
         if tail:
             parts.append(f"last {len(tail)} line(s) of rank {self.rank}'s output:")
@@ -161,6 +195,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "time": (int, float),
     "user_error": (bool,),
     "phase": (str,),
+    "where": (str,),
+    "stack": (str, _NONE),
 }
 
 
@@ -188,23 +224,47 @@ def _without_traceback(tail: list[str], traceback: str | None) -> list[str]:
     return tail[:start] + tail[end:]
 
 
+def describe_stopped(stopped: Mapping[int, WorkerFailure], tail_lines: int = 10) -> str:
+    """Where each rank was when the run was stopped: one line per rank, then each rank's
+    stack and last output lines; empty for no ranks."""
+    if not stopped:
+        return ""
+    ranks = [stopped[rank] for rank in sorted(stopped)]
+    lines = ["Where each rank was when it was stopped:"]
+    lines.extend(
+        f"  rank {r.rank}: {r.where or r.message or 'its stack could not be read'}" for r in ranks
+    )
+    for rank in ranks:
+        lines.append("")
+        lines.append(rank.describe(tail_lines=tail_lines))
+    return "\n".join(lines)
+
+
 class WorkerFailedError(SparkTrainError):
     """One or more ranks failed; the root cause comes first.
 
     The root cause is the earliest failure, except that failures which read as a consequence
     of losing a peer (a collective raising "connection closed by peer", "Horovod has been
-    shut down", …) rank after every other kind, whatever their time.
+    shut down", …) rank after every other kind, whatever their time. The ranks that had not
+    failed but were stopped because of it come last, with where each was.
 
     Attributes:
         failures: every failed rank's record, by rank.
         root_cause: the failure shown first.
+        stopped: the ranks that were still running when the run was stopped, by rank.
     """
 
-    def __init__(self, failures: Mapping[int, WorkerFailure], context: str = "") -> None:
+    def __init__(
+        self,
+        failures: Mapping[int, WorkerFailure],
+        context: str = "",
+        stopped: Mapping[int, WorkerFailure] | None = None,
+    ) -> None:
         if not failures:
             raise ValueError("WorkerFailedError needs at least one failure")
         self.failures = dict(failures)
         self.context = context
+        self.stopped = {r: f for r, f in (stopped or {}).items() if r not in self.failures}
         # Earliest first, but a rank that only lost its peer never hides the one that left.
         ordered = sorted(
             self.failures.values(), key=lambda f: (f.follows_peer_loss, f.time, f.rank)
@@ -219,7 +279,10 @@ class WorkerFailedError(SparkTrainError):
             for failure in others:
                 lines.append("")
                 lines.append(failure.describe(tail_lines=5))
+        if self.stopped:
+            lines.append("")
+            lines.append(describe_stopped(self.stopped, tail_lines=5))
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.failures, self.context))
+        return (type(self), (self.failures, self.context, self.stopped))

@@ -16,7 +16,8 @@ class Backend(abc.ABC):
 
     The runner calls :meth:`check` on the driver before anything starts; after rendezvous the
     task that runs rank 0 (or the local supervisor) calls :meth:`prepare` once and every rank's
-    environment is :func:`rank_env` plus :meth:`env`; :meth:`teardown` runs where
+    environment is :func:`rank_env` plus :meth:`env`, and :meth:`env_defaults` where nothing
+    set those variables already; :meth:`teardown` runs where
     :meth:`prepare` ran, when the ranks have ended.
     """
 
@@ -39,6 +40,11 @@ class Backend(abc.ABC):
         self, spec: ClusterSpec, rank: RankSpec, shared: Mapping[str, str], config: RunConfig
     ) -> dict[str, str]:
         """The backend's environment variables for one rank."""
+
+    def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Variables a rank gets unless ``env``, its environment so far (the process's own,
+        sparktrain's and the user's ``env``), already says otherwise."""
+        return {}
 
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Stop what :meth:`prepare` started."""

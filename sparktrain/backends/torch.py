@@ -9,6 +9,14 @@ from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 from sparktrain.errors import ConfigurationError
 
+# A collective that times out (init_process_group's timeout, 10 minutes for NCCL by default)
+# or fails ends the rank's process instead of leaving it blocked, as torchrun sets it. Each
+# value is set under the first of its names unless any of them (older torch reads the later
+# ones) is set already.
+COLLECTIVE_DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"), "1"),
+)
+
 
 class TorchBackend(Backend):
     """``dist.init_process_group(sparktrain.default_backend())`` works with no arguments."""
@@ -31,3 +39,8 @@ class TorchBackend(Backend):
         }
         env.update(interface_env(rank))
         return env
+
+    def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {
+            names[0]: value for names, value in COLLECTIVE_DEFAULTS if env.keys().isdisjoint(names)
+        }

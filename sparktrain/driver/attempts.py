@@ -20,7 +20,12 @@ from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
-from sparktrain.errors import PayloadError, RendezvousTimeoutError, WorkerFailedError
+from sparktrain.errors import (
+    PayloadError,
+    RendezvousTimeoutError,
+    RunStalledError,
+    WorkerFailedError,
+)
 from sparktrain.log import get_logger
 from sparktrain.payload import load_result
 from sparktrain.task.job import TaskJob
@@ -71,7 +76,7 @@ class Attempts:
                 attempt.phases["capacity_wait"] = time.monotonic() - start
             try:
                 return _rank0_result(self._attempt(job, attempt))
-            except (WorkerFailedError, RendezvousTimeoutError) as exc:
+            except (WorkerFailedError, RendezvousTimeoutError, RunStalledError) as exc:
                 attempt.error, attempt.cause = exc, _first_line(exc)
                 if job.attempt >= config.max_restarts or not _restartable(exc, config):
                     raise
@@ -129,9 +134,9 @@ def _first_line(error: BaseException) -> str:
 
 
 def _restartable(error: BaseException, config: RunConfig) -> bool:
-    """Whether launching again can help: lost ranks yes; the user's own exception only on
-    request (it would most likely fail again); unloadable functions and results never."""
-    if isinstance(error, RendezvousTimeoutError):
+    """Whether launching again can help: lost ranks and stalls yes; the user's own exception
+    only on request (it would most likely fail again); unloadable functions and results never."""
+    if isinstance(error, (RendezvousTimeoutError, RunStalledError)):
         return True
     if not isinstance(error, WorkerFailedError):
         return False

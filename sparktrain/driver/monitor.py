@@ -1,4 +1,5 @@
-"""The driver's side of a run: show logs, watch deadlines and failures, stop everything cleanly.
+"""The driver's side of a run: show logs, watch deadlines, stalls and failures, stop everything
+cleanly, and say where each rank that was still running was stopped.
 
 The monitor runs in the caller's thread (so a notebook cell shows the logs and Ctrl-C lands
 here) and waits on one queue fed by the channel and by the launch's completion; it never
@@ -16,14 +17,17 @@ from typing import Any, Protocol, TextIO
 from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
+from sparktrain.driver.stall import StallWatch
 from sparktrain.errors import (
     RendezvousTimeoutError,
     RunTimeoutError,
     SparkTrainError,
     WorkerFailedError,
     WorkerFailure,
+    describe_stopped,
 )
 from sparktrain.log import get_logger
+from sparktrain.task.process import STACK_WAIT
 from sparktrain.wire import protocol
 
 _log = get_logger(__name__)
@@ -77,6 +81,9 @@ class RunMonitor:
         self.arrived: set[int] = set()
         self.exited: set[int] = set()
         self.failures: dict[int, WorkerFailure] = {}
+        # The ranks that were still running when the run was stopped: where each was.
+        self.stopped: dict[int, WorkerFailure] = {}
+        self.stall = StallWatch(config)
         self.task_conns: dict[int, int] = {}
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
@@ -133,11 +140,9 @@ class RunMonitor:
             confirming = (stop_deadline is not None or draining) and not self.exited >= expected
             if done is not None and not confirming:
                 break
-            deadlines = [
-                d
-                for d in (run_deadline, stop_deadline, cancel_deadline, drain_deadline)
-                if d is not None
-            ]
+            stall_deadline = self.stall.deadline() if self.stop_reason is None else None
+            timers = (run_deadline, stop_deadline, cancel_deadline, drain_deadline, stall_deadline)
+            deadlines = [d for d in timers if d is not None]
             if len(self.arrived) < self.n and self.stop_reason is None:
                 deadlines.append(rendezvous_deadline)
             wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
@@ -172,6 +177,8 @@ class RunMonitor:
                             ),
                             launch,
                         )
+                    elif self.stop_reason is None and self.stall.stalled(now):
+                        stop_deadline = self._stalled(launch)
                 else:
                     if message.get("type") == DONE:
                         done = message
@@ -192,6 +199,10 @@ class RunMonitor:
                 stop_deadline, cancel_deadline = None, self._cancel(launch)
         self.times["end"] = time.monotonic()
         if interrupted:
+            self._collect_stopped(done)
+            if self.stopped:
+                report = describe_stopped(self.stopped)
+                raise KeyboardInterrupt(f"interrupted; every rank was stopped.\n\n{report}")
             raise KeyboardInterrupt
         return self._conclude(done, launch)
 
@@ -211,6 +222,10 @@ class RunMonitor:
             spent["teardown"] = self.times["end"] - self.times["done"]
         return spent
 
+    def _connections(self) -> list[int]:
+        """Every task's connection, once (the local supervisor speaks for all its tasks on one)."""
+        return sorted(set(self.task_conns.values()))
+
     def _cancel(self, launch: Launch) -> float:
         """Cancel the launch; returns how long to wait for it to report its end."""
         launch.cancel()
@@ -220,10 +235,44 @@ class RunMonitor:
         """Ask every task to stop its ranks; returns the deadline for them to confirm."""
         self.stop_error = error
         self.stop_reason = str(error) if error else "stopping"
-        self.server.broadcast(
-            protocol.ABORT(reason=self.stop_reason), list(self.task_conns.values())
+        self.server.broadcast(protocol.ABORT(reason=self.stop_reason), self._connections())
+        # Each rank dumps its stack (STACK_WAIT at most), then gets the grace period.
+        return time.monotonic() + STACK_WAIT + self.config.grace_period + STOP_SLACK
+
+    def _stalled(self, launch: Launch) -> float | None:
+        """The ranks have been silent too long: show where they are, or stop the run.
+
+        Returns:
+            The deadline for the tasks to confirm their stop, when the run is stopped.
+        """
+        if self.config.stall_action == "fail":
+            return self._stop(self.stall.error(), launch)
+        reason = self.stall.description()
+        _log.warning("%s; asking every rank where it is", reason)
+        self.server.broadcast(protocol.SHOW_STACKS(reason=reason), self._connections())
+        return None
+
+    def _failed(self, failure: WorkerFailure) -> bool:
+        """Count ``failure``; False when it only followed a stop for a deadline, a stall or
+        an interrupt (its collective lost a peer that was stopped): it then counts as stopped."""
+        stopping = self.stop_reason is not None and not isinstance(
+            self.stop_error, WorkerFailedError
         )
-        return time.monotonic() + self.config.grace_period + STOP_SLACK
+        if stopping and failure.follows_peer_loss:
+            self.stopped.setdefault(failure.rank, failure)
+            return False
+        self.failures.setdefault(failure.rank, failure)
+        return True
+
+    def _collect_stopped(self, done: dict[str, Any] | None) -> None:
+        """Take the stopped ranks' stacks from the records too (they may come either way)."""
+        for record in (done or {}).get("records") or ():
+            if record.get("status") == "stopped" and record.get("failure"):
+                try:
+                    failure = WorkerFailure.from_json(record["failure"])
+                except (TypeError, ValueError):
+                    continue
+                self.stopped.setdefault(failure.rank, failure)
 
     def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
         if message.get("type") == CLOSED:
@@ -234,12 +283,23 @@ class RunMonitor:
             # a version mismatch or a bug, never a reason to end the run.
             self.malformed += 1
         elif kind is protocol.LOG:
+            self.stall.activity(time.monotonic())
             self._print(f"[rank {message['rank']}] {message['line']}")
         elif kind is protocol.USER_LOG:
+            self.stall.activity(time.monotonic())
             self._print(f"[rank {message['rank']}] {message['message']}")
         elif kind is protocol.REPORT:
+            self.stall.activity(time.monotonic())
             if self.on_report is not None:
                 self.on_report(message)
+        elif kind is protocol.ACTIVE:
+            self.stall.activity(time.monotonic())
+        elif kind is protocol.STACK:
+            state = WorkerFailure.from_json(message["record"])
+            if message["stopped"]:
+                self.stopped.setdefault(state.rank, state)
+            elif self.stop_reason is None:
+                _log.warning("%s", state.describe(tail_lines=10))
         elif kind is protocol.HELLO:
             index = message["index"]
             self.times.setdefault("hello", time.monotonic())
@@ -253,17 +313,17 @@ class RunMonitor:
                 # From here on a task may start ranks; before it, none can have.
                 self.go_sent = True
                 self.times["go"] = time.monotonic()
+                self.stall.start(self.times["go"])
                 tasks = [self.infos[i] for i in range(self.n)]
-                self.server.broadcast(protocol.GO(tasks=tasks), list(self.task_conns.values()))
+                self.server.broadcast(protocol.GO(tasks=tasks), self._connections())
         elif kind is protocol.SHARED:
             # What rank 0's task prepared (e.g. Horovod's rendezvous server), for every task.
-            self.server.broadcast(message, list(self.task_conns.values()))
+            self.server.broadcast(message, self._connections())
         elif kind is protocol.STARTED:
             self.started[message["rank"]] = message
         elif kind is protocol.FAILURE:
-            failure = WorkerFailure.from_json(message["failure"])
-            self.failures.setdefault(failure.rank, failure)
-            return WorkerFailedError(self.failures)
+            if self._failed(WorkerFailure.from_json(message["failure"])):
+                return WorkerFailedError(self.failures)
         elif kind is protocol.EXITED:
             self.exited.add(message["index"])
         return None
@@ -280,9 +340,11 @@ class RunMonitor:
             return 0 <= message["index"] < self.n
         if kind is protocol.SHARED:
             return all(isinstance(v, str) for v in message["values"].values())
-        if kind is protocol.FAILURE:
+        if kind in (protocol.FAILURE, protocol.STACK):
             try:
-                WorkerFailure.from_json(message["failure"])
+                WorkerFailure.from_json(
+                    message["failure" if kind is protocol.FAILURE else "record"]
+                )
             except (KeyError, TypeError, ValueError):
                 return False
         return True
@@ -319,10 +381,13 @@ class RunMonitor:
         records: list[dict[str, Any]] = done.get("records") or []
         for record in records:
             if record.get("status") == "failed" and record.get("failure"):
-                failure = WorkerFailure.from_json(record["failure"])
-                self.failures.setdefault(failure.rank, failure)
+                self._failed(WorkerFailure.from_json(record["failure"]))
+        self._collect_stopped(done)
         if self.failures:
-            raise WorkerFailedError(self.failures)
+            raise WorkerFailedError(self.failures, stopped=self.stopped)
+        if isinstance(self.stop_error, RunTimeoutError):
+            # Raised with where every rank was, which is known only now.
+            raise type(self.stop_error)(self.stop_error.reason, self.stopped)
         if self.stop_error is not None:
             raise self.stop_error
         error = done.get("error")

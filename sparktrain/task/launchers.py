@@ -27,8 +27,9 @@ from sparktrain import contract
 from sparktrain.backends.base import Backend, rank_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
-from sparktrain.task.process import RankProcess, stop_all
-from sparktrain.task.records import error_file, rank_record, record
+from sparktrain.errors import WorkerFailure
+from sparktrain.task.process import STACK_WAIT, RankProcess, dump_all, stop_all
+from sparktrain.task.records import clip, error_file, rank_record, record, with_stack
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
 
@@ -105,6 +106,7 @@ def worker_env(
     # The user's variables win over tunable defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME);
     # the per-rank ones they may not set are refused by RunConfig.
     env.update(config.env)
+    env.update(backend.env_defaults(env))
     env.update(session.common_env(workdir))
     env.update(
         {
@@ -119,6 +121,11 @@ def worker_env(
 
 class ProcessLauncher(RankLauncher):
     """One worker process per rank, started in its own session and watched here."""
+
+    def __init__(self, session: TaskSession, bind: str) -> None:
+        super().__init__(session, bind)
+        # Held while the ranks' stacks are being gathered for the driver.
+        self._showing = threading.Lock()
 
     def port(self) -> int:
         return free_port()
@@ -156,6 +163,7 @@ class ProcessLauncher(RankLauncher):
             str(workdir),
             on_line=self.session.log,
             on_exit=self.session.on_exit,
+            dumps_stacks=True,
         )
         self.session.started(rank, proc.pid)
         return proc
@@ -169,12 +177,20 @@ class ProcessLauncher(RankLauncher):
         events = self.session.events
         while len(records) < len(procs):
             kind, rank_id, value = events.get()
+            live = [p for r, p in procs.items() if r not in records]
             if kind == "abort":
                 if not stopping:
                     stopping = True
-                    live = [p for r, p in procs.items() if r not in records]
                     threading.Thread(
-                        target=stop_all, args=(live, self.config.grace_period), daemon=True
+                        target=stop_all,
+                        args=(live, self.config.grace_period, STACK_WAIT),
+                        daemon=True,
+                    ).start()
+                continue
+            if kind == "stacks":
+                if not stopping and self._showing.acquire(blocking=False):
+                    threading.Thread(
+                        target=self._show_stacks, args=(live, by_rank), daemon=True
                     ).start()
                 continue
             if kind != "exit" or rank_id not in procs:
@@ -188,14 +204,38 @@ class ProcessLauncher(RankLauncher):
                 proc.tail,
                 proc.exit_time or time.time(),
                 stopped=proc.stopped_by_supervisor,
+                stack=proc.last_stack,
             )
             records[rank_id] = record
+            if record["status"] == "stopped" and record["failure"]:
+                # Also over the channel: a cancelled Spark job may never return its records.
+                self.session.send(protocol.STACK(record=record["failure"], stopped=True))
             if record["status"] == "failed":
                 self.session.send(protocol.FAILURE(failure=record["failure"]))
                 if not stopping and len(procs) > 1:
                     # Local mode: the other ranks would block in their next collective.
                     events.put(("abort", -1, f"rank {rank_id} failed"))
         return [records[r.rank] for r in mine]
+
+    def _show_stacks(self, procs: list[RankProcess], by_rank: Mapping[int, RankSpec]) -> None:
+        """Send the driver where each running rank is; they run on."""
+        try:
+            found = dump_all(procs, STACK_WAIT)
+        finally:
+            self._showing.release()  # one request at a time: a second one meanwhile is moot
+        for proc in procs:
+            if proc.proc.poll() is not None:
+                continue  # it ended meanwhile: its record tells how
+            rank = by_rank[proc.rank]
+            base = WorkerFailure(
+                rank=rank.rank,
+                host=rank.task.host,
+                output_tail=tuple(clip(proc.tail, 20)),
+                time=time.time(),
+                phase="running",
+            )
+            state = with_stack(base, found.get(proc.rank))
+            self.session.send(protocol.STACK(record=state.to_json(), stopped=False))
 
 
 def local_exchange(values: dict[str, str] | None) -> dict[str, str] | None:

@@ -11,8 +11,12 @@ import time
 from collections.abc import Callable, Mapping
 
 from sparktrain import contract
+from sparktrain.stacks import Stack
+from sparktrain.task.stackpipe import StackPipe
 
 TAIL_LINES = 100
+# How long a rank gets to dump its stack before it is stopped anyway.
+STACK_WAIT = 3.0
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -37,6 +41,8 @@ class RankProcess:
         cwd: its working directory.
         on_line: called from the pump thread with each line of output (stdout and stderr).
         on_exit: called from a waiter thread with the exit code once the process has ended.
+        dumps_stacks: the process is a sparktrain worker, which dumps its stack on request
+            (see :meth:`dump_stack`); other processes are never sent the dump signal.
     """
 
     def __init__(
@@ -47,30 +53,46 @@ class RankProcess:
         cwd: str,
         on_line: Callable[[int, str], None],
         on_exit: Callable[[int, int], None],
+        dumps_stacks: bool = False,
     ) -> None:
         self.rank = rank
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.stopped_by_supervisor = False
         self.exit_time: float | None = None
+        # The stack of the rank's main thread, as last dumped (see dump_stack).
+        self.last_stack: Stack | None = None
         self._on_line = on_line
         self._on_exit = on_exit
+        self._stacks: StackPipe | None = None
         read_end, self._lifeline = os.pipe()
+        child_env = {**env, contract.PARENT_FD_ENV: str(read_end)}
+        child_fds = [read_end]
+        stack_read = stack_write = -1
+        if dumps_stacks:
+            stack_read, stack_write = os.pipe()
+            child_env[contract.STACK_FD_ENV] = str(stack_write)
+            child_fds.append(stack_write)
         try:
             self.proc = subprocess.Popen(
                 argv,
-                env={**env, contract.PARENT_FD_ENV: str(read_end)},
+                env=child_env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=(read_end,),
+                pass_fds=tuple(child_fds),
             )
         except BaseException:
             os.close(self._lifeline)
+            if stack_read >= 0:
+                os.close(stack_read)
             raise
         finally:
-            os.close(read_end)
+            for fd in child_fds:
+                os.close(fd)
+        if stack_read >= 0:
+            self._stacks = StackPipe(stack_read, f"sparktrain-stacks-{rank}")
         self._pump = threading.Thread(target=self._pump_output, daemon=True)
         self._pump.start()
         self._waiter = threading.Thread(target=self._wait, daemon=True)
@@ -101,6 +123,26 @@ class RankProcess:
         os.close(self._lifeline)
         self._on_exit(self.rank, code)
 
+    def _send_dump_signal(self) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        # The worker alone, not its group: its own children have no handler for the signal.
+        self.proc.send_signal(contract.STACK_SIGNAL)
+        return True
+
+    def dump_stack(self, timeout: float = STACK_WAIT) -> Stack | None:
+        """The stack of the rank's main thread now (kept in :attr:`last_stack`), or None.
+
+        Waits at most ``timeout`` seconds. None when the process cannot dump (not a worker,
+        not started far enough, or already ended) or did not in time.
+        """
+        if self._stacks is None or self.proc.poll() is not None:
+            return None
+        stack = self._stacks.request(self._send_dump_signal, timeout)
+        if stack is not None:
+            self.last_stack = stack
+        return stack
+
     def stop(self, grace: float) -> None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds if still alive."""
         if self.proc.poll() is not None:
@@ -118,10 +160,39 @@ class RankProcess:
         return not self._waiter.is_alive()
 
 
-def stop_all(procs: list[RankProcess], grace: float) -> None:
-    """Stop several processes in parallel, each with its own grace period."""
-    threads = [threading.Thread(target=p.stop, args=(grace,), daemon=True) for p in procs]
+def _in_parallel(procs: list[RankProcess], action: Callable[[RankProcess], object]) -> None:
+    threads = [threading.Thread(target=action, args=(p,), daemon=True) for p in procs]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def dump_all(procs: list[RankProcess], timeout: float = STACK_WAIT) -> dict[int, Stack | None]:
+    """Have several processes dump their stacks in parallel (see :meth:`RankProcess.dump_stack`).
+
+    Returns:
+        Each process's stack (None: none came), by rank, within about ``timeout`` seconds.
+    """
+    found: dict[int, Stack | None] = {}
+
+    def dump(proc: RankProcess) -> None:
+        found[proc.rank] = proc.dump_stack(timeout)
+
+    _in_parallel(procs, dump)
+    return found
+
+
+def stop_all(procs: list[RankProcess], grace: float, stack_wait: float = 0.0) -> None:
+    """Stop several processes in parallel, each with its own grace period.
+
+    Args:
+        procs: the processes.
+        grace: seconds between SIGTERM and SIGKILL.
+        stack_wait: when positive, every process first dumps its stack (at most this long),
+            all of them before any is stopped: a rank whose peer is gone would otherwise leave
+            the collective it was blocked in before it could tell where that was.
+    """
+    if stack_wait > 0:
+        dump_all(procs, stack_wait)
+    _in_parallel(procs, lambda p: p.stop(grace))

@@ -4,7 +4,8 @@ A rank leaves its exit code, its last lines of output and, in the task's working
 ``error-<rank>.json`` when it failed in Python or ``result.pkl`` (rank 0) when it succeeded
 (see :mod:`sparktrain.worker.bootstrap`). A record is the plain dict the driver collects:
 ``index``, ``rank``, ``status`` ("ok", "failed" or "stopped"), ``result`` (rank 0's pickled
-value) and ``failure`` (a :class:`WorkerFailure` as JSON).
+value) and ``failure`` (a :class:`WorkerFailure` as JSON; for a rank that was stopped while
+running, phase "stopped" with where its main thread was, its stack and its last output).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sparktrain import contract
+from sparktrain import contract, stacks
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.errors import WorkerFailure
 from sparktrain.task.process import TAIL_LINES
+
+NO_STACK = "its stack could not be read (it had not started the function, or did not answer)"
 
 NO_RESULT = "the process exited with code 0 but wrote no result (did the function call os._exit?)"
 
@@ -72,6 +75,14 @@ def _from_error(data: Mapping[str, Any], base: WorkerFailure) -> WorkerFailure:
     )
 
 
+def with_stack(base: WorkerFailure, stack: stacks.Stack | None) -> WorkerFailure:
+    """``base`` with where the rank's main thread was and its stack (see :mod:`sparktrain.stacks`),
+    or a note that there is none."""
+    if stack is None:
+        return dataclasses.replace(base, message=NO_STACK)
+    return dataclasses.replace(base, where=stacks.where(stack), stack=stacks.render(stack))
+
+
 def _exited_cleanly(rank: RankSpec, workdir: Path, base: WorkerFailure) -> dict[str, Any]:
     """The record of a rank that exited 0: ok, unless rank 0 wrote no result."""
     if rank.rank != 0:
@@ -89,6 +100,7 @@ def rank_record(
     output_tail: Iterable[str],
     end: float,
     stopped: bool,
+    stack: stacks.Stack | None = None,
 ) -> dict[str, Any]:
     """The record of one rank that ran as its own process (the torch path).
 
@@ -100,6 +112,7 @@ def rank_record(
         end: when it ended (wall clock).
         stopped: whether the supervisor stopped it; unless it wrote an error record of its
             own, its end is then no failure.
+        stack: its main thread's stack, dumped before it was stopped.
     """
     base = WorkerFailure(
         rank=rank.rank,
@@ -120,6 +133,7 @@ def rank_record(
         # Ended by our signal. A rank that wrote its own error record failed by itself,
         # even if the stop arrived while it was exiting; its time decides the root cause.
         rec["status"] = "stopped"
+        rec["failure"] = with_stack(dataclasses.replace(base, phase="stopped"), stack).to_json()
     return rec
 
 

@@ -9,12 +9,14 @@ driver's abort, and the peers of an MPI run) and builds each process's environme
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,12 @@ from sparktrain.task.job import TaskJob
 from sparktrain.wire import protocol
 
 # One event: (kind, id, value). Kinds: "exit" (process key, exit code), "abort" (-1, reason),
-# "peer" (connection id, message) and "peer_closed" (connection id, None).
+# "stacks" (-1, reason: the driver asks where every rank is), "peer" (connection id, message)
+# and "peer_closed" (connection id, None).
 Event = tuple[str, int, Any]
+# Most seconds between two "active" messages, when output is not forwarded (the driver's
+# stall watch needs to know that ranks print).
+ACTIVE_INTERVAL = 10.0
 
 
 class TaskSession:
@@ -44,6 +50,9 @@ class TaskSession:
         self.client = client
         self.events: queue.Queue[Event] = queue.Queue()
         self.forward_logs = self.config.driver_log_verbosity == "all"
+        stall = self.config.stall_timeout
+        self._active_interval = min(ACTIVE_INTERVAL, stall / 4) if stall else None
+        self._last_active = -math.inf
         # Set with the "abort" event, so a launcher can skip starting ranks it must stop.
         self.aborted = threading.Event()
         # Set when the driver says every task has arrived (see wait_for_go), and when it
@@ -71,9 +80,15 @@ class TaskSession:
         )
 
     def log(self, rank: int, line: str) -> None:
-        """Forward one line of a rank's output, when the run's verbosity asks for it."""
+        """Forward one line of a rank's output, when the run's verbosity asks for it; else
+        tell the driver now and then that ranks print (for its stall watch)."""
         if self.forward_logs:
             self.send(protocol.LOG(rank=rank, line=line))
+        elif self._active_interval is not None:
+            now = time.monotonic()
+            if now - self._last_active >= self._active_interval:
+                self._last_active = now
+                self.send(protocol.ACTIVE(rank=rank))
 
     def listen(self) -> None:
         """Turn the driver's abort (or its disappearance) into an abort event."""
@@ -93,6 +108,8 @@ class TaskSession:
                     elif kind is protocol.SHARED:
                         self._shared_values = dict(message["values"])
                         self._shared.set()
+                    elif kind is protocol.SHOW_STACKS:
+                        self.events.put(("stacks", -1, message["reason"]))
                     elif kind is protocol.ABORT:
                         reason = message["reason"]
                         break

@@ -75,9 +75,16 @@ REPORT = _kind(  # sparktrain.report()
 )
 FAILURE = _kind("failure", failure=dict)  # a rank failed (a WorkerFailure as JSON)
 EXITED = _kind("exited", index=int)  # a task's ranks are all gone
+# Where a rank's main thread is: a WorkerFailure as JSON with its where, stack and output tail;
+# stopped=False: asked for with SHOW_STACKS, the rank runs on; True: dumped as it was stopped.
+STACK = _kind("stack", record=dict, stopped=bool)
+# A rank printed lines that its task does not forward (driver_log_verbosity), so the run is
+# not stalled; a task sends it at most every few seconds.
+ACTIVE = _kind("active", rank=int)
 # -- the driver → tasks ----------------------------------------------------------------------
 ABORT = _kind("abort", reason=str)  # stop every rank now
 GO = _kind("go", tasks=list)  # every task has arrived (their infos, by index): start
+SHOW_STACKS = _kind("show_stacks", reason=str)  # send every running rank's STACK
 # both ways: rank 0's task → the driver → every task; what the backend prepared for the ranks
 SHARED = _kind("shared", values=dict)
 # -- an MPI run: mpirun's agent and the other tasks → a task's peer server ----------------
@@ -91,9 +98,9 @@ RSH_EXIT = _kind("rsh_exit", code=int)
 RELEASE = _kind("release")
 
 TO_DRIVER: frozenset[Kind] = frozenset(
-    {HELLO, STARTED, LOG, USER_LOG, REPORT, FAILURE, EXITED, SHARED}
+    {HELLO, STARTED, LOG, USER_LOG, REPORT, FAILURE, EXITED, STACK, ACTIVE, SHARED}
 )
-TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHARED})
+TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHOW_STACKS, SHARED})
 TO_PEER: frozenset[Kind] = frozenset({RSH, MEMBER, DAEMON_STARTED, HOST_DONE})
 TO_AGENT: frozenset[Kind] = frozenset({RSH_OUTPUT, RSH_EXIT})
 TO_MEMBER: frozenset[Kind] = frozenset({RELEASE})
@@ -116,6 +123,7 @@ def parse(message: Mapping[str, Any], accepted: Collection[Kind]) -> Kind | None
 
 __all__ = [
     "ABORT",
+    "ACTIVE",
     "AUTH",
     "DAEMON_STARTED",
     "EXITED",
@@ -131,6 +139,8 @@ __all__ = [
     "RSH_EXIT",
     "RSH_OUTPUT",
     "SHARED",
+    "SHOW_STACKS",
+    "STACK",
     "STARTED",
     "TO_AGENT",
     "TO_DRIVER",

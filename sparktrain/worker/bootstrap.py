@@ -7,6 +7,7 @@ code is 0 only when the function returned and, on rank 0, its result was written
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -112,6 +113,35 @@ def _watch_parent() -> None:
         )
 
 
+def _answer_stack_requests() -> None:
+    """Dump every thread's stack into the supervisor's stack pipe on its signal.
+
+    faulthandler writes from its C signal handler, so the dump comes even while the main
+    thread is blocked in C (a collective, a sleep). The header line first tells the supervisor
+    that the handler is in place (until then the signal would kill this process), which
+    thread is the main one, and the main thread's outermost function, the last frame of a
+    complete dump of it.
+    """
+    fd_text = os.environ.pop(contract.STACK_FD_ENV, None)
+    if not fd_text:
+        return
+    fd = int(fd_text)
+    os.set_inheritable(fd, False)  # not for the processes the function starts
+    frame = sys._getframe()
+    while frame.f_back is not None:
+        frame = frame.f_back
+    faulthandler.register(contract.STACK_SIGNAL, file=fd, all_threads=True)
+    try:
+        os.write(
+            fd,
+            contract.stack_header(
+                threading.main_thread().ident or 0, frame.f_code.co_name
+            ).encode(),
+        )
+    except OSError:  # the supervisor is gone; the lifeline ends this process
+        faulthandler.unregister(contract.STACK_SIGNAL)
+
+
 def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -164,6 +194,7 @@ def main() -> int:
         _report_error("load", exc, exc.__traceback__, user=False)
         return contract.EXIT_FAILED
     _watch_parent()
+    _answer_stack_requests()
     try:
         fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record

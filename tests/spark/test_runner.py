@@ -111,12 +111,20 @@ def test_run_timeout_stops_ranks(mode, tmp_path):
     # The timeout must fire once both ranks run, for this to show that running ranks are
     # stopped: a Spark task may need several seconds to start its Python on a busy machine.
     timeout = 6 if mode == "local" else 20
-    with pytest.raises(RunTimeoutError, match=f"timeout={timeout}s"):
+    with pytest.raises(RunTimeoutError, match=f"timeout={timeout}s") as info:
         SparkRunner(np=ranks(mode, 2), timeout=timeout, grace_period=1).run(
             trainers.block_forever, str(tmp_path)
         )
     pids = recorded_pids(tmp_path)
     assert len(pids) == 2 and alive(pids) == []
+    # Where each rank was, from its own stack dump.
+    lines = str(info.value).splitlines()
+    for rank in (0, 1):
+        assert any(
+            line.startswith(f"  rank {rank}: in block_forever at trainers.py:")
+            and line.endswith("time.sleep(600)")
+            for line in lines
+        ), str(info.value)
 
 
 def test_keyboard_interrupt_stops_ranks(mode, tmp_path):

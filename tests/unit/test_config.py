@@ -128,7 +128,9 @@ def test_bad_verbosity(verbosity: str) -> None:
     assert "all" in str(info.value) and "log_callback_only" in str(info.value)
 
 
-@pytest.mark.parametrize("field", ["start_timeout", "capacity_wait", "grace_period", "timeout"])
+@pytest.mark.parametrize(
+    "field", ["start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout"]
+)
 @pytest.mark.parametrize("value", [0, -1, -0.5, True, "30", "30s"])
 def test_non_positive_or_non_numeric_durations(field: str, value: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -142,6 +144,25 @@ def test_timeout_none_means_no_limit_but_other_durations_need_a_value() -> None:
     assert RunConfig(np=1, timeout=None).timeout is None
     with pytest.raises(ConfigurationError, match="start_timeout"):
         RunConfig(np=1, start_timeout=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [None, "off", "OFF "])
+def test_stall_timeout_off(value: Any) -> None:
+    assert RunConfig(np=1, stall_timeout=value).stall_timeout is None
+    # A keyword argument of None means "the default", so "off" is how a runner turns it off.
+    assert RunConfig.resolve(1, {"stall_timeout": "off"}, environ={}).stall_timeout is None
+
+
+@pytest.mark.parametrize("action", ["warn", "fail"])
+def test_stall_actions(action: str) -> None:
+    assert RunConfig(np=1, stall_action=action).stall_action == action
+
+
+@pytest.mark.parametrize("action", ["WARN", "kill", "", None])
+def test_bad_stall_action_names_the_choices_and_the_key(action: Any) -> None:
+    with pytest.raises(ConfigurationError, match="stall_action must be one of warn, fail") as info:
+        RunConfig(np=1, stall_action=action)
+    assert "spark.sparktrain.stallAction" in str(info.value)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
@@ -251,6 +272,7 @@ def test_builtin_defaults_apply_with_no_other_source() -> None:
     assert config.max_result_bytes == 256 << 20
     assert config.max_restarts == 0
     assert config.timeout is None and config.use_gpu is None and config.launcher is None
+    assert config.stall_timeout == 600.0 and config.stall_action == "warn"
 
 
 # (spark conf, environ, overrides) -> expected start_timeout
@@ -404,7 +426,10 @@ def test_key_names(field: str, key: str, env: str) -> None:
         ("timeout", "90", 90.0),
         ("use_gpu", "auto", None),
         ("use_gpu", "yes", True),
-        ("use_gpu", "off", False),
+        ("use_gpu", "off", False),  # "off" is no value only where it is the unset word
+        ("stall_timeout", "off", None),
+        ("stall_timeout", "none", None),
+        ("stall_timeout", "5m", 300.0),
         ("launcher", " ", None),
         ("launcher", "mpi", "mpi"),
     ],

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sparktrain"
 
 # Lowest first. A module may import from its own layer and the layers before it.
 LAYERS: list[tuple[str, ...]] = [
-    ("contract", "errors", "log", "conf_file"),  # leaves: names, errors, logging, conf files
+    ("contract", "errors", "log", "conf_file", "stacks"),  # leaves: names, errors, logs, ...
     ("wire",),  # frames, the frame server, the protocol
     ("config", "cluster", "payload"),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other

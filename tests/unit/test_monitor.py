@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import signal
 import threading
 import time
@@ -46,6 +47,8 @@ class FakeTask:
         self.aborted = threading.Event()
         self.go = threading.Event()
         self.abort_reason = ""
+        # The driver's other messages (show_stacks), in order.
+        self.received: queue.Queue[dict[str, Any]] = queue.Queue()
 
     def hello(self) -> None:
         info = json.loads(TaskInfo(index=self.index, host="127.0.0.1", port=0).to_json())
@@ -61,6 +64,8 @@ class FakeTask:
                 if message.get("type") == "abort":
                     self.abort_reason = message["reason"]
                     self.aborted.set()
+                elif message.get("type") != "go":
+                    self.received.put(message)
         except (OSError, EOFError, wire.FrameError):
             pass
 

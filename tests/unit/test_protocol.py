@@ -21,7 +21,7 @@ def test_every_kind_has_a_distinct_name() -> None:
         )
         for k in group
     }
-    assert len({k.name for k in kinds}) == len(kinds) == 17
+    assert len({k.name for k in kinds}) == len(kinds) == 20
     assert protocol.AUTH not in {k.name for k in kinds}  # consumed by the server
 
 
@@ -34,6 +34,9 @@ def test_built_messages_parse_as_their_kind() -> None:
         (protocol.REPORT(rank=0, step=None, epoch=3, metrics={"loss": 0.1}), protocol.TO_DRIVER),
         (protocol.FAILURE(failure={"rank": 0}), protocol.TO_DRIVER),
         (protocol.EXITED(index=0), protocol.TO_DRIVER),
+        (protocol.STACK(record={"rank": 0}, stopped=True), protocol.TO_DRIVER),
+        (protocol.ACTIVE(rank=1), protocol.TO_DRIVER),
+        (protocol.SHOW_STACKS(reason="quiet"), protocol.TO_TASK),
         (protocol.SHARED(values={"HOROVOD_GLOO_RENDEZVOUS_PORT": "1"}), protocol.TO_DRIVER),
         (protocol.ABORT(reason="r"), protocol.TO_TASK),
         (protocol.GO(tasks=[{"index": 0}]), protocol.TO_TASK),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sparktrain.backends import get_backend
@@ -10,6 +12,9 @@ from sparktrain.backends.torch import TorchBackend
 from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.config import RESERVED_ENV, RunConfig
 from sparktrain.errors import ConfigurationError
+from sparktrain.task.job import TaskJob
+from sparktrain.task.launchers import worker_env
+from sparktrain.task.session import TaskSession
 
 DEVICE_INDEX = "_SPARKTRAIN_DEVICE_INDEX"
 
@@ -208,3 +213,30 @@ def test_every_per_rank_variable_is_reserved() -> None:
     # Values the user may legitimately tune are not rank-specific.
     tunable = {"OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"}
     assert per_rank - tunable <= RESERVED_ENV
+
+
+@pytest.mark.parametrize(
+    "inherited, given, expected",
+    [
+        ({}, {}, "1"),
+        ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, {}, "3"),  # the executor's own setting
+        ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, "0"),  # the run's env=
+        ({"NCCL_ASYNC_ERROR_HANDLING": "0"}, {}, None),  # set under the older name: left be
+    ],
+)
+def test_collectives_end_the_rank_on_error_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    inherited: dict[str, str],
+    given: dict[str, str],
+    expected: str | None,
+) -> None:
+    for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in inherited.items():
+        monkeypatch.setenv(name, value)
+    config = RunConfig(np=-1, env=given)
+    job = TaskJob(run_id="r", attempt=0, config=config.to_json(), channel="", key=b"", payload=b"")
+    spec = gpu_spec([("h", ())])
+    env = worker_env(TaskSession(job, None), spec, spec.ranks[0], TorchBackend(), {}, tmp_path)
+    assert env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == expected

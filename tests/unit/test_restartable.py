@@ -8,6 +8,7 @@ from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import _restartable
 from sparktrain.errors import (
     RendezvousTimeoutError,
+    RunStalledError,
     RunTimeoutError,
     WorkerFailedError,
     WorkerFailure,
@@ -30,6 +31,7 @@ def failed(**fields: object) -> WorkerFailedError:
         (failed(exc_type="PayloadError", phase="load"), True, False),
         (failed(exc_type="PayloadError", phase="result", user_error=True), True, False),
         (RunTimeoutError("too long"), True, False),
+        (RunStalledError("quiet"), False, True),  # a hang may not come back
     ],
 )
 def test_restartable(error, opt_in, expected):

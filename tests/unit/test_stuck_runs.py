@@ -1,0 +1,151 @@
+"""A stuck run says where it is stuck: real local runs (np=-2) with real worker processes.
+
+Each run's error (or, for stall_action="warn", the log) must name every rank that was still
+running with the line of this file it was at.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparktrain import RunStalledError, RunTimeoutError, SparkRunner, WorkerFailedError
+from tests.helpers import wait_for_files
+
+
+def _reduce_or_sleep() -> float:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tensor = torch.ones(1)
+    if dist.get_rank() == 1:
+        time.sleep(120)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def _silent_for(seconds: float, pid_dir: str = "") -> int:
+    import os
+    import time
+
+    print("ready", flush=True)
+    if pid_dir:
+        with open(os.path.join(pid_dir, f"{os.environ['RANK']}.pid"), "w") as fh:
+            fh.write(str(os.getpid()))
+    time.sleep(seconds)
+    print("done", flush=True)
+    return int(os.environ["RANK"])
+
+
+def _rank1_raises() -> None:
+    import os
+    import time
+
+    print("ready", flush=True)
+    if os.environ["RANK"] == "1":
+        time.sleep(0.5)
+        raise ValueError("rank 1 gave up")
+    time.sleep(120)
+
+
+def line_of(fn: Callable[..., object], text: str) -> str:
+    """``test_stuck_runs.py:N``, N the line of ``fn`` that holds ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"{os.path.basename(__file__)}:{first + offset}"
+
+
+def where_line(message: str, rank: int) -> str:
+    """The summary line of ``rank`` in an error's "Where each rank was" list."""
+    prefix = f"  rank {rank}: "
+    return next(line for line in message.splitlines() if line.startswith(prefix))
+
+
+def test_a_timeout_names_each_rank_with_its_frame() -> None:
+    runner = SparkRunner(np=-2, timeout=20, grace_period=1, progress=False)
+    with pytest.raises(RunTimeoutError) as info:
+        runner.run(_reduce_or_sleep)
+    message = str(info.value)
+    assert message.startswith("the run exceeded timeout=20s")
+    rank0, rank1 = where_line(message, 0), where_line(message, 1)
+    assert rank0.startswith("  rank 0: in all_reduce (")
+    assert line_of(_reduce_or_sleep, "dist.all_reduce(tensor)") in rank0
+    assert "_reduce_or_sleep" in rank0
+    assert rank1 == (
+        f"  rank 1: in _reduce_or_sleep at {line_of(_reduce_or_sleep, 'time.sleep')}: "
+        "time.sleep(120)"
+    )
+    # Then each rank's stack, most recent call last, and its output.
+    assert "rank 0 on 127.0.0.1 was still running" in message
+    assert "its main thread's stack (most recent call last):" in message
+    assert re.search(r'distributed_c10d.py", line \d+, in all_reduce\n', message)
+    assert set(info.value.stopped) == {0, 1}
+
+
+def test_a_stall_with_stall_action_fail_ends_the_run_with_the_stacks() -> None:
+    runner = SparkRunner(
+        np=-2, stall_timeout=4, stall_action="fail", grace_period=1, progress=False
+    )
+    with pytest.raises(RunStalledError) as info:
+        runner.run(_silent_for, 120)
+    message = str(info.value)
+    assert message.startswith("no rank has printed or reported anything for 4s")
+    expected = f"in _silent_for at {line_of(_silent_for, 'time.sleep')}: time.sleep(seconds)"
+    assert where_line(message, 0) == f"  rank 0: {expected}"
+    assert where_line(message, 1) == f"  rank 1: {expected}"
+    assert "  | ready" in message  # the last output lines come too
+
+
+def test_a_stall_with_stall_action_warn_shows_the_stacks_once_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sparktrain")
+    runner = SparkRunner(np=-2, stall_timeout=3, grace_period=1, progress=False)
+    assert runner.run(_silent_for, 7) == 0
+    expected = f"in _silent_for at {line_of(_silent_for, 'time.sleep')}: time.sleep(seconds)"
+    shown = [r.getMessage() for r in caplog.records if expected in r.getMessage()]
+    assert sorted(m.splitlines()[0] for m in shown) == [
+        f"rank 0 on 127.0.0.1 is running: {expected}",
+        f"rank 1 on 127.0.0.1 is running: {expected}",
+    ]
+    assert "no rank has printed or reported anything for 3s" in caplog.text
+
+
+def test_a_failure_elsewhere_shows_where_the_stopped_rank_was() -> None:
+    runner = SparkRunner(np=-2, grace_period=1, progress=False)
+    with pytest.raises(WorkerFailedError) as info:
+        runner.run(_rank1_raises)
+    message = str(info.value)
+    assert info.value.root_cause.rank == 1
+    assert message.index("rank 1 on 127.0.0.1 raised ValueError") < message.index("Where each")
+    assert where_line(message, 0) == (
+        f"  rank 0: in _rank1_raises at {line_of(_rank1_raises, 'time.sleep(120)')}: "
+        "time.sleep(120)"
+    )
+
+
+def test_an_interrupt_shows_where_every_rank_was(tmp_path: Path) -> None:
+    def press_ctrl_c() -> None:
+        wait_for_files(tmp_path, "*.pid", 2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    runner = SparkRunner(np=-2, grace_period=1, progress=False)
+    with pytest.raises(KeyboardInterrupt) as info:
+        runner.run(_silent_for, 120, str(tmp_path))
+    message = str(info.value)
+    assert message.startswith("interrupted; every rank was stopped.")
+    expected = f"in _silent_for at {line_of(_silent_for, 'time.sleep')}: time.sleep(seconds)"
+    assert where_line(message, 0) == f"  rank 0: {expected}"
+    assert where_line(message, 1) == f"  rank 1: {expected}"
