@@ -11,6 +11,7 @@ from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
+from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
@@ -181,7 +182,8 @@ class SparkRunner:
             session, config, job, name, record, progress, tracker, self._channel_hook
         )
         try:
-            return attempts.run()
+            with plain_ctrl_c():
+                return attempts.run()
         finally:
             record.finished = time.time()
             progress.close()

@@ -139,6 +139,34 @@ def test_keyboard_interrupt_stops_ranks(mode, tmp_path):
     assert len(pids) == 2 and alive(pids) == []
 
 
+def test_ctrl_c_does_not_run_the_sessions_own_handler(mode, tmp_path):
+    # PySpark's SparkContext installs a SIGINT handler that cancels every job of the session;
+    # during run(), Ctrl-C must stop this run only (and the handler must be back afterwards).
+    previous = signal.getsignal(signal.SIGINT)
+    called: list[int] = []
+
+    def session_handler(signum, frame):
+        called.append(signum)
+        raise KeyboardInterrupt
+
+    def interrupt_when_started():
+        wait_for_files(tmp_path, "*.pid", 2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGINT, session_handler)
+    try:
+        threading.Thread(target=interrupt_when_started, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            SparkRunner(np=ranks(mode, 2), grace_period=1).run(
+                trainers.block_forever, str(tmp_path)
+            )
+        assert called == []
+        assert signal.getsignal(signal.SIGINT) is session_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert alive(recorded_pids(tmp_path)) == []
+
+
 def test_unpicklable_capture_is_named_before_launch(mode):
     lock = threading.Lock()
 
