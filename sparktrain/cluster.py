@@ -33,7 +33,7 @@ class TaskInfo:
     ifname: str | None = None
 
     def to_json(self) -> str:
-        """Serialize for ``BarrierTaskContext.allGather``."""
+        """Serialize for the hello a task sends the driver (and the driver's "go")."""
         data = dataclasses.asdict(self)
         data["gpus"] = list(self.gpus)
         return json.dumps(data, sort_keys=True)
@@ -116,7 +116,7 @@ class ClusterSpec:
 
 
 def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
-    """Map what the tasks gathered to ranks.
+    """Map what the tasks said of themselves at rendezvous to ranks.
 
     Hosts are numbered in order of their lowest task index; ranks are contiguous per host and,
     inside a host, follow task index. Task 0 is therefore always rank 0, and its host and port

@@ -1,4 +1,4 @@
-"""``python -m sparktrain.task.guard COMMAND...``: run a launcher that must die with its task.
+"""``python -m sparktrain.task.mpi.guard COMMAND...``: run a launcher that must die with its task.
 
 mpirun and Open MPI's daemon do not know the supervisor's lifeline pipe (see
 :class:`~sparktrain.task.process.RankProcess`), and they close every inherited descriptor
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``argv`` (default: this program's arguments); returns its shell-style status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: python -m sparktrain.task.guard COMMAND...", file=sys.stderr)
+        print("usage: python -m sparktrain.task.mpi.guard COMMAND...", file=sys.stderr)
         return 2
     fd_text = os.environ.pop(contract.PARENT_FD_ENV, None)
     if fd_text:
