@@ -39,6 +39,8 @@ STOP_SLACK = 5.0
 CANCEL_WAIT = 15.0
 # After the launch ended, how long to wait for tasks' last messages (up to their "exited").
 DRAIN_WAIT = 2.0
+# Messages that show the ranks are alive, for the stall watch.
+_SIGNS_OF_LIFE = frozenset({protocol.LOG, protocol.USER_LOG, protocol.REPORT, protocol.ACTIVE})
 
 
 class Launch(Protocol):
@@ -282,18 +284,16 @@ class RunMonitor:
             # Authenticated, so from a holder of the run's key, but not a message we know:
             # a version mismatch or a bug, never a reason to end the run.
             self.malformed += 1
-        elif kind is protocol.LOG:
+            return None
+        if kind in _SIGNS_OF_LIFE:
             self.stall.activity(time.monotonic())
+        if kind is protocol.LOG:
             self._print(f"[rank {message['rank']}] {message['line']}")
         elif kind is protocol.USER_LOG:
-            self.stall.activity(time.monotonic())
             self._print(f"[rank {message['rank']}] {message['message']}")
         elif kind is protocol.REPORT:
-            self.stall.activity(time.monotonic())
             if self.on_report is not None:
                 self.on_report(message)
-        elif kind is protocol.ACTIVE:
-            self.stall.activity(time.monotonic())
         elif kind is protocol.STACK:
             state = WorkerFailure.from_json(message["record"])
             if message["stopped"]:
