@@ -142,9 +142,13 @@ class WorkerFailure:
     def describe(self, tail_lines: int = 20) -> str:
         """Render this failure for a human: headline, traceback, last output lines."""
         where = f" on {self.host}" if self.host else ""
-        head = f"rank {self.rank}{where} {self.how}"
-        if self.message or self.where:
-            head += f": {self.message or self.where}"
+        if self.rank < 0:
+            # Not a rank's end but the launch's own (a Spark job that failed by itself).
+            head = self.message or "the Spark job failed"
+        else:
+            head = f"rank {self.rank}{where} {self.how}"
+            if self.message or self.where:
+                head += f": {self.message or self.where}"
         parts = [head]
         if self.traceback:
             parts.append(self.traceback.rstrip())

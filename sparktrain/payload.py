@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dis
 import inspect
+import os
 import pickle
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -121,11 +124,24 @@ def load_call(data: bytes) -> tuple[Callable[..., Any], tuple[Any, ...], dict[st
     return fn, args, kwargs
 
 
+class ResultTooLargeError(PayloadError):
+    """Rank 0's result pickled, but to more than the limit.
+
+    Attributes:
+        data: the pickle, so that it can be kept rather than lost.
+    """
+
+    def __init__(self, message: str, data: bytes) -> None:
+        super().__init__(message)
+        self.data = data
+
+
 def dump_result(value: Any, limit: int) -> bytes:
     """Pickle rank 0's return value.
 
     Raises:
-        PayloadError: if it cannot be pickled or exceeds ``limit`` bytes.
+        PayloadError: if it cannot be pickled.
+        ResultTooLargeError: if its pickle exceeds ``limit`` bytes.
     """
     try:
         data = cloudpickle.dumps(value, protocol=_PROTOCOL)
@@ -136,14 +152,47 @@ def dump_result(value: Any, limit: int) -> bytes:
             "a state_dict) instead"
         ) from exc
     if len(data) > limit:
-        raise PayloadError(
+        raise ResultTooLargeError(
             f"rank 0's return value pickles to {_mib(len(data))}, over the limit of "
             f"{_mib(limit)} (max_result_bytes / spark.sparktrain.maxResultBytes); save large "
-            "results to storage (e.g. sparktrain.checkpoint.save) and return the path"
+            "results to storage (e.g. sparktrain.checkpoint.save) and return the path",
+            data,
         )
     return data
 
 
-def load_result(data: bytes) -> Any:
+def load_result(data: bytes | bytearray) -> Any:
     """Inverse of :func:`dump_result`, on the driver."""
     return cloudpickle.loads(data)
+
+
+KEPT_RESULTS = "sparktrain-results"
+
+
+def keep_result(data: bytes | bytearray, name: str, folder: str | None = None) -> Path:
+    """Write a result that could not be returned where its owner can load it later.
+
+    It goes to ``<folder or the temporary folder>/sparktrain-results/<name>.pkl``, readable
+    by its owner alone, written whole or not at all.
+
+    Returns:
+        The file's path; ``pickle.load(open(path, "rb"))`` gives the value back.
+
+    Raises:
+        OSError: it could not be written (the message says where and why).
+    """
+    base = Path(folder or tempfile.gettempdir()) / KEPT_RESULTS
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = base / f"{name}.pkl"
+    tmp = base / f".{name}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

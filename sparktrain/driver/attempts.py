@@ -27,7 +27,7 @@ from sparktrain.errors import (
     WorkerFailedError,
 )
 from sparktrain.log import get_logger
-from sparktrain.payload import load_result
+from sparktrain.payload import keep_result, load_result
 from sparktrain.task.job import TaskJob
 from sparktrain.wire.address import listen_address
 
@@ -75,7 +75,9 @@ class Attempts:
                 )
                 attempt.phases["capacity_wait"] = time.monotonic() - start
             try:
-                return _rank0_result(self._attempt(job, attempt))
+                return _rank0_result(
+                    self._attempt(job, attempt), f"{job.run_id}-attempt{job.attempt + 1}-rank0"
+                )
             except (WorkerFailedError, RendezvousTimeoutError, RunStalledError) as exc:
                 attempt.error, attempt.cause = exc, _first_line(exc)
                 if job.attempt >= config.max_restarts or not _restartable(exc, config):
@@ -171,11 +173,27 @@ def _launch(session: Any, job: TaskJob, description: str) -> Launch:
     return SparkLaunch(session, job, description)
 
 
-def _rank0_result(records: list[dict[str, Any]]) -> Any:
+def _rank0_result(records: list[dict[str, Any]], name: str) -> Any:
+    """Rank 0's value; one that does not unpickle here is kept in a file the error names."""
     for record in records:
         if record.get("rank") == 0 and record.get("status") == "ok":
             data = record.get("result")
             if data is None:
                 raise PayloadError("rank 0 finished but its result did not reach the driver")
-            return load_result(data)
+            try:
+                return load_result(data)
+            except Exception as exc:  # noqa: BLE001 - any unpickling error; re-raised below
+                raise PayloadError(
+                    f"rank 0's result arrived but cannot be loaded on the driver "
+                    f"({type(exc).__name__}: {exc}); {_keep(data, name)}. A class or module it "
+                    "needs must be importable on the driver too."
+                ) from exc
     raise PayloadError("rank 0's outcome did not reach the driver")
+
+
+def _keep(data: bytes | bytearray, name: str) -> str:
+    try:
+        path = keep_result(data, name)
+    except OSError as exc:
+        return f"it could not be kept either ({exc})"
+    return f'it is kept in {path} (pickle.load(open(path, "rb")) reads it back)'

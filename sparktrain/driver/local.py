@@ -48,5 +48,8 @@ class LocalLaunch:
         """
         self._finish(None, None)
 
+    def failed_task(self, error: BaseException) -> None:
+        return None  # no Spark task: the supervisor's own error says it all
+
     def describe_error(self, error: BaseException) -> str:
         return f"the local supervisor failed: {type(error).__name__}: {error}"

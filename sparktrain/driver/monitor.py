@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
-from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
+from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
+from sparktrain.driver.validate import valid
 from sparktrain.errors import (
     RendezvousTimeoutError,
     RunTimeoutError,
@@ -56,6 +57,9 @@ class Launch(Protocol):
 
     def describe_error(self, error: BaseException) -> str:
         """A one-line explanation of a launch-level error (e.g. a Spark job failure)."""
+
+    def failed_task(self, error: BaseException) -> Any:
+        """The task (``index``, ``host``, ``executor``) a launch-level error names, or None."""
 
 
 class RunMonitor:
@@ -98,6 +102,7 @@ class RunMonitor:
         self.infos: dict[int, dict[str, Any]] = {}
         # When each milestone was reached (time.monotonic()); see phases().
         self.times: dict[str, float] = {}
+        self.results = ResultReceiver(config.max_result_bytes)
 
     def _print(self, text: str) -> None:
         try:
@@ -280,7 +285,7 @@ class RunMonitor:
         if message.get("type") == CLOSED:
             return self._closed(conn_id)
         kind = protocol.parse(message, protocol.TO_DRIVER)
-        if kind is None or not self._valid(kind, message):
+        if kind is None or not valid(kind, message, self.n):
             # Authenticated, so from a holder of the run's key, but not a message we know:
             # a version mismatch or a bug, never a reason to end the run.
             self.malformed += 1
@@ -326,28 +331,12 @@ class RunMonitor:
                 return WorkerFailedError(self.failures)
         elif kind is protocol.EXITED:
             self.exited.add(message["index"])
+        elif kind is protocol.RESULT_CHUNK:
+            self.results.chunk(message)
+        elif kind is protocol.RESULT_END:
+            error = self.results.end(message)
+            self.server.send(conn_id, protocol.RESULT_SAVED(ok=error is None, error=error or ""))
         return None
-
-    def _valid(self, kind: protocol.Kind, message: dict[str, Any]) -> bool:
-        """Whether the fields' values make sense for this run (their types are checked)."""
-        if kind is protocol.HELLO:
-            try:
-                info = TaskInfo.from_json(message["info"])
-            except (KeyError, TypeError, ValueError):
-                return False
-            return 0 <= message["index"] < self.n and info.index == message["index"]
-        if kind is protocol.EXITED:
-            return 0 <= message["index"] < self.n
-        if kind is protocol.SHARED:
-            return all(isinstance(v, str) for v in message["values"].values())
-        if kind in (protocol.FAILURE, protocol.STACK):
-            try:
-                WorkerFailure.from_json(
-                    message["failure" if kind is protocol.FAILURE else "record"]
-                )
-            except (KeyError, TypeError, ValueError):
-                return False
-        return True
 
     def _closed(self, conn_id: int) -> SparkTrainError | None:
         """A task's connection ended: unless it said its ranks exited, they are lost."""
@@ -379,6 +368,7 @@ class RunMonitor:
 
     def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = done.get("records") or []
+        self.results.attach(records)
         for record in records:
             if record.get("status") == "failed" and record.get("failure"):
                 self._failed(WorkerFailure.from_json(record["failure"]))
@@ -392,8 +382,24 @@ class RunMonitor:
             raise self.stop_error
         error = done.get("error")
         if error is not None:
-            failure = WorkerFailure(
-                rank=-1, phase="lost", time=time.time(), message=launch.describe_error(error)
-            )
-            raise WorkerFailedError({-1: failure}) from error
+            failure = self._job_failure(error, launch)
+            raise WorkerFailedError({failure.rank: failure}) from error
         return records
+
+    def _job_failure(self, error: BaseException, launch: Launch) -> WorkerFailure:
+        """The failure of a launch that ended in an error of its own (e.g. an executor lost):
+        on the rank of the task it names, with the task's host and executor."""
+        text = launch.describe_error(error)
+        task = launch.failed_task(error)
+        if task is None:
+            return WorkerFailure(rank=-1, phase="lost", time=time.time(), message=text)
+        ranks = [r for r, m in self.started.items() if m.get("index") == task.index]
+        host = str(self.infos.get(task.index, {}).get("host") or task.host)
+        return WorkerFailure(
+            rank=ranks[0] if ranks else task.index,
+            host=host,
+            phase="lost",
+            time=time.time(),
+            message=f"its Spark task {task.index} on executor {task.executor} failed: "
+            + (task.reason or text),
+        )

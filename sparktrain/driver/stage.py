@@ -62,6 +62,9 @@ class SparkLaunch:
     def describe_error(self, error: BaseException) -> str:
         return describe_spark_error(error)
 
+    def failed_task(self, error: BaseException) -> FailedTask | None:
+        return failed_task(error)
+
 
 def _task(job: TaskJob, payload: Any) -> Callable[[Any], Any]:
     """The body of every barrier task: ``job`` without its payload, which ``payload`` carries.
@@ -88,6 +91,31 @@ def _destroy(broadcast: Any) -> None:
         broadcast.destroy()
     except Exception:  # noqa: BLE001 - the context may already be stopped
         pass
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedTask:
+    """The Spark task a job failure names: its index (partition), host, executor and why."""
+
+    index: int
+    host: str
+    executor: str
+    reason: str = ""
+
+
+_LOST_TASK = re.compile(
+    r"Lost task (\d+)\.\d+ in stage [\d.]+ \(TID \d+\) \((\S+) executor ([^)\s]+)\)"
+    r"(?:: ([^\n]*))?"
+)
+
+
+def failed_task(error: BaseException) -> FailedTask | None:
+    """The task that made a Spark job fail, when Spark's message names it."""
+    found = _LOST_TASK.search(str(error))
+    if found is None:
+        return None
+    reason = (found.group(4) or "").strip()[:500]
+    return FailedTask(int(found.group(1)), found.group(2), found.group(3), reason)
 
 
 _PY_ERROR = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)): (.*)$")

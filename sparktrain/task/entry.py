@@ -27,6 +27,7 @@ from sparktrain.errors import ConfigurationError
 from sparktrain.log import get_logger
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
+from sparktrain.task.result import deliver
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
 from sparktrain.wire.address import listen_address
@@ -131,7 +132,8 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
         )
         _hello(session, info)
         session.listen()
-        yield from _launch(session, launcher, [index], backend, session.exchange)
+        records = _launch(session, launcher, [index], backend, session.exchange)
+        yield from deliver(session, records, host)
 
 
 def local_gpus(use_gpu: bool | None, n: int) -> list[str]:

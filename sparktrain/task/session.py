@@ -14,7 +14,6 @@ import os
 import queue
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 from sparktrain import contract, wire
 from sparktrain.cluster import RankSpec
+from sparktrain.task import workdirs
 from sparktrain.task.job import TaskJob
 from sparktrain.wire import protocol
 
@@ -61,6 +61,9 @@ class TaskSession:
         self._shared = threading.Event()
         self._tasks: list[dict[str, Any]] = []
         self._shared_values: dict[str, str] = {}
+        # Set with the driver's answer to a result sent over the channel (or its loss).
+        self._saved = threading.Event()
+        self._saved_answer: dict[str, Any] | None = None
 
     # -- the driver -----------------------------------------------------------------------
 
@@ -110,6 +113,9 @@ class TaskSession:
                         self._shared.set()
                     elif kind is protocol.SHOW_STACKS:
                         self.events.put(("stacks", -1, message["reason"]))
+                    elif kind is protocol.RESULT_SAVED:
+                        self._saved_answer = message
+                        self._saved.set()
                     elif kind is protocol.ABORT:
                         reason = message["reason"]
                         break
@@ -119,6 +125,7 @@ class TaskSession:
             self.aborted.set()
             self._go.set()
             self._shared.set()
+            self._saved.set()
             self.events.put(("abort", -1, reason))
 
         threading.Thread(target=read, name="sparktrain-abort-listener", daemon=True).start()
@@ -156,12 +163,25 @@ class TaskSession:
             return None
         return self._shared_values
 
+    def result_saved(self, timeout: float) -> str | None:
+        """Wait for the driver's answer to a result sent over the channel.
+
+        Returns:
+            None when the driver holds the result, else why it does not.
+        """
+        if not self._saved.wait(timeout):
+            return f"the driver did not confirm it within {timeout:.0f}s"
+        answer = self._saved_answer
+        if answer is None:
+            return "the connection to the driver ended before it confirmed it"
+        return None if answer["ok"] else str(answer["error"])
+
     # -- what every worker process gets -----------------------------------------------------
 
     @contextlib.contextmanager
     def workdir(self) -> Iterator[Path]:
         """A fresh folder holding the payload, where the ranks leave their outcome files."""
-        path = Path(tempfile.mkdtemp(prefix=f"sparktrain-{self.job.run_id}-"))
+        path = workdirs.create(self.job.run_id)
         try:
             (path / contract.PAYLOAD_FILE).write_bytes(self.job.payload)
             yield path

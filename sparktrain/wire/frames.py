@@ -4,7 +4,9 @@ A connection starts with the server sending a random nonce. Every frame after th
 directions, is ``MAGIC | length (u32) | HMAC-SHA256 | body``; the HMAC covers the run's key,
 the nonce, the direction, the frame's sequence number and the body, so a frame cannot be
 forged, replayed on another connection or reordered. Lengths over ``MAX_FRAME`` are refused
-before anything is read into memory, and bodies are JSON, never pickles.
+before anything is read into memory, and bodies are JSON, never pickles. A message may carry
+raw bytes under the key :data:`BLOB`: they follow the JSON after a NUL byte (which JSON text
+never holds), so bulk data needs no base64 or escaping.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ MAGIC = b"SPT1"
 NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_FRAME = 1 << 20
+# The one key whose value is raw bytes, sent after the JSON.
+BLOB = "blob"
 _HEADER = struct.Struct(">4sI")
 TO_SERVER = b"C"
 TO_CLIENT = b"S"
@@ -44,8 +48,13 @@ def _mac(key: bytes, nonce: bytes, direction: bytes, seq: int, body: bytes) -> b
 
 
 def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[str, Any]) -> bytes:
-    """One frame carrying ``message`` as JSON."""
-    body = json.dumps(message, separators=(",", ":")).encode()
+    """One frame carrying ``message`` as JSON (and its :data:`BLOB`, if any, raw)."""
+    blob = message.get(BLOB)
+    if isinstance(blob, (bytes, bytearray, memoryview)):
+        header = {k: v for k, v in message.items() if k != BLOB}
+        body = json.dumps(header, separators=(",", ":")).encode() + b"\0" + bytes(blob)
+    else:
+        body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_FRAME:
         raise FrameError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
     return _HEADER.pack(MAGIC, len(body)) + _mac(key, nonce, direction, seq, body) + body
@@ -120,12 +129,15 @@ def read_frame(
     body = recv_exact(sock, length, deadline)
     if not hmac.compare_digest(mac, _mac(key, nonce, direction, seq, body)):
         raise FrameError("authentication failed")
+    text, nul, blob = body.partition(b"\0")
     try:
-        message = json.loads(body)
+        message = json.loads(text)
     except ValueError as exc:
         raise FrameError(f"body is not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise FrameError("body is not a JSON object")
+    if nul:
+        message[BLOB] = blob
     return message
 
 

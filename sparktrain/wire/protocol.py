@@ -81,10 +81,17 @@ STACK = _kind("stack", record=dict, stopped=bool)
 # A rank printed lines that its task does not forward (driver_log_verbosity), so the run is
 # not stalled; a task sends it at most every few seconds.
 ACTIVE = _kind("active", rank=int)
+# Rank 0's pickled result, in pieces that fit a frame (raw, as the frame's blob), then its size
+# and SHA-256: it travels over the channel, never through Spark's task results (which an
+# executor's heap must hold whole, and several times over).
+RESULT_CHUNK = _kind("result_chunk", index=int, offset=int, blob=(bytes, memoryview))
+RESULT_END = _kind("result_end", index=int, size=int, sha256=str)
 # -- the driver → tasks ----------------------------------------------------------------------
 ABORT = _kind("abort", reason=str)  # stop every rank now
 GO = _kind("go", tasks=list)  # every task has arrived (their infos, by index): start
 SHOW_STACKS = _kind("show_stacks", reason=str)  # send every running rank's STACK
+# The driver's answer to RESULT_END: it holds the result (ok), or why not.
+RESULT_SAVED = _kind("result_saved", ok=bool, error=str)
 # both ways: rank 0's task → the driver → every task; what the backend prepared for the ranks
 SHARED = _kind("shared", values=dict)
 # -- an MPI run: mpirun's agent and the other tasks → a task's peer server ----------------
@@ -98,9 +105,22 @@ RSH_EXIT = _kind("rsh_exit", code=int)
 RELEASE = _kind("release")
 
 TO_DRIVER: frozenset[Kind] = frozenset(
-    {HELLO, STARTED, LOG, USER_LOG, REPORT, FAILURE, EXITED, STACK, ACTIVE, SHARED}
+    {
+        HELLO,
+        STARTED,
+        LOG,
+        USER_LOG,
+        REPORT,
+        FAILURE,
+        EXITED,
+        STACK,
+        ACTIVE,
+        SHARED,
+        RESULT_CHUNK,
+        RESULT_END,
+    }
 )
-TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHOW_STACKS, SHARED})
+TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHOW_STACKS, SHARED, RESULT_SAVED})
 TO_PEER: frozenset[Kind] = frozenset({RSH, MEMBER, DAEMON_STARTED, HOST_DONE})
 TO_AGENT: frozenset[Kind] = frozenset({RSH_OUTPUT, RSH_EXIT})
 TO_MEMBER: frozenset[Kind] = frozenset({RELEASE})

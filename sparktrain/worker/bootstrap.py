@@ -7,10 +7,12 @@ code is 0 only when the function returned and, on rank 0, its result was written
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -21,7 +23,7 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.errors import PayloadError, SparkTrainError
-from sparktrain.payload import dump_result, load_call
+from sparktrain.payload import ResultTooLargeError, dump_result, keep_result, load_call
 from sparktrain.worker import context
 
 PR_SET_PDEATHSIG = 1
@@ -218,16 +220,53 @@ def main() -> int:
         _report_error("run", exc, _user_frames(exc), user=True)
         return 1
     result_path = os.environ.get(contract.RESULT_ENV)
-    if result_path:
-        try:
-            data = dump_result(value, int(os.environ.get(contract.MAX_RESULT_ENV, str(256 << 20))))
-        except PayloadError as exc:
-            _report_error("result", exc, None, user=True)
-            return 1
-        tmp = f"{result_path}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, result_path)
+    if result_path and not _write_result(value, result_path):
+        return 1
     sys.stdout.flush()
     sys.stderr.flush()
     return 0
+
+
+def _write_result(value: Any, path: str) -> bool:
+    """Pickle rank 0's value to ``path``; on failure write the error record and say False.
+
+    A value over the limit is not lost: it is kept in a file of its own, which the error
+    names.
+    """
+    try:
+        data = dump_result(value, int(os.environ.get(contract.MAX_RESULT_ENV, str(256 << 20))))
+    except ResultTooLargeError as exc:
+        _report_error("result", PayloadError(f"{exc}; {_kept(exc.data)}"), None, user=True)
+        return False
+    except PayloadError as exc:
+        _report_error("result", exc, None, user=True)
+        return False
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        error = PayloadError(
+            f"rank 0's result ({len(data) / (1 << 20):.1f} MiB) could not be written to "
+            f"{path}: {exc}; {_kept(data)}"
+        )
+        _report_error("result", error, None, user=False)
+        return False
+    return True
+
+
+def _kept(data: bytes) -> str:
+    """Keep a result that cannot be returned, and say where (or that it could not be)."""
+    name = f"{os.environ.get(contract.RUN_ID_ENV, 'run')}-attempt"
+    name += f"{int(os.environ.get(contract.ATTEMPT_ENV, '0')) + 1}-rank0"
+    try:
+        path = keep_result(data, name)
+    except OSError as exc:
+        return f"it could not be kept either ({exc})"
+    return (
+        f"the value is kept in {path} on {socket.gethostname()} "
+        '(pickle.load(open(path, "rb")) reads it back)'
+    )

@@ -7,13 +7,24 @@ crashed its executor would show up as an executor replaced.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparktrain import RendezvousTimeoutError, RunTimeoutError, SparkRunner, WorkerFailedError
+from sparktrain import (
+    CapacityError,
+    RendezvousTimeoutError,
+    RunTimeoutError,
+    SparkRunner,
+    WorkerFailedError,
+)
+from sparktrain.driver.capacity import busy_slots
 from tests.fixtures import trainers
 from tests.helpers import alive, recorded_pids
 
@@ -73,3 +84,63 @@ def test_stopping_twenty_times_loses_no_executor(spark, tmp_path, phase):
         phase(folder)
         assert executors(spark) == before, f"an executor was replaced in round {i + 1}"
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+class _CtrlCWhenWaiting(logging.Handler):
+    """Presses Ctrl-C (a real SIGINT to this process) when the run starts waiting for slots."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "busy with other jobs" in record.getMessage():
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_stopping_while_waiting_for_slots_loses_no_executor_and_no_other_job(spark, tmp_path):
+    """Another job holds one of the two slots: each run waits for it, and is stopped while it
+    waits, by its own capacity_wait or by Ctrl-C. The other job must go on untouched."""
+    assert SparkRunner(np=2).run(trainers.noop) == 0
+    before = executors(spark)
+    sc = spark.sparkContext
+    release = tmp_path / "release"
+    outcome: list[BaseException | None] = []
+
+    def hold_slot(_item: object, release: str = str(release)) -> None:
+        # Nested, so pickled by value: the executors cannot import the tests.
+        deadline = time.monotonic() + 600
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def other_job() -> None:
+        sc.setJobGroup("someone-else", "another job of this session")
+        try:
+            sc.parallelize([0], 1).foreach(hold_slot)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            outcome.append(exc)
+
+    holder = threading.Thread(target=other_job, daemon=True)
+    holder.start()
+    deadline = time.monotonic() + 60
+    while busy_slots(sc) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert busy_slots(sc) == 1
+    ctrl_c = _CtrlCWhenWaiting()
+    logger = logging.getLogger("sparktrain.driver.capacity")
+    try:
+        for i in range(ROUNDS):
+            if i % 2:
+                logger.addHandler(ctrl_c)
+                try:
+                    with pytest.raises(KeyboardInterrupt):
+                        SparkRunner(np=2, capacity_wait=30).run(trainers.noop)
+                finally:
+                    logger.removeHandler(ctrl_c)
+            else:
+                with pytest.raises(CapacityError, match="1 of the cluster's 2 slots are busy"):
+                    SparkRunner(np=2, capacity_wait=1).run(trainers.noop)
+            assert executors(spark) == before, f"an executor was replaced in round {i + 1}"
+            assert holder.is_alive(), f"the other job was cancelled in round {i + 1}"
+    finally:
+        release.touch()
+        holder.join(60)
+    assert outcome == [None]
+    assert executors(spark) == before

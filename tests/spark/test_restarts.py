@@ -159,10 +159,11 @@ def test_lost_executor_restarts_on_replacement(tmp_path):
     assert log == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
 
 
-def test_resume_demo_from_the_readme(capsys, caplog):
+def test_resume_demo_from_the_readme(capsys, caplog, tmp_path):
     from sparktrain.examples import resume_demo
 
-    result = resume_demo.main(["--np", "-2", "--steps-per-epoch", "5"])
+    args = ["--np", "-2", "--steps-per-epoch", "5", "--checkpoint-dir", str(tmp_path)]
+    result = resume_demo.main(args)
     assert result["steps"] == 20 and result["attempt"] == 1
     out = capsys.readouterr().out
     assert "attempt 1/3 failed: rank 1 on 127.0.0.1 was killed by SIGKILL" in caplog.text

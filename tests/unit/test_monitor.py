@@ -105,6 +105,9 @@ class FakeLaunch:
         self.cancelled.set()
         self.finish(None, None)
 
+    def failed_task(self, error: BaseException) -> None:
+        return None
+
     def describe_error(self, error: BaseException) -> str:
         return f"launch failed: {error}"
 

@@ -21,7 +21,7 @@ def test_every_kind_has_a_distinct_name() -> None:
         )
         for k in group
     }
-    assert len({k.name for k in kinds}) == len(kinds) == 20
+    assert len({k.name for k in kinds}) == len(kinds) == 23
     assert protocol.AUTH not in {k.name for k in kinds}  # consumed by the server
 
 
@@ -36,6 +36,9 @@ def test_built_messages_parse_as_their_kind() -> None:
         (protocol.EXITED(index=0), protocol.TO_DRIVER),
         (protocol.STACK(record={"rank": 0}, stopped=True), protocol.TO_DRIVER),
         (protocol.ACTIVE(rank=1), protocol.TO_DRIVER),
+        (protocol.RESULT_CHUNK(index=0, offset=0, blob=b"x"), protocol.TO_DRIVER),
+        (protocol.RESULT_END(index=0, size=1, sha256="ab"), protocol.TO_DRIVER),
+        (protocol.RESULT_SAVED(ok=False, error="full"), protocol.TO_TASK),
         (protocol.SHOW_STACKS(reason="quiet"), protocol.TO_TASK),
         (protocol.SHARED(values={"HOROVOD_GLOO_RENDEZVOUS_PORT": "1"}), protocol.TO_DRIVER),
         (protocol.ABORT(reason="r"), protocol.TO_TASK),

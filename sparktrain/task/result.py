@@ -1,0 +1,93 @@
+"""Rank 0's result, from its Spark task to the driver over the run's channel.
+
+A Spark task's return value is held whole by the executor's JVM, serialized there, and held
+again by the driver under ``spark.driver.maxResultSize``: a result of a few hundred MiB kills
+an executor with OutOfMemoryError. So the result goes to the driver in pieces over the
+channel, and the task's record only says that it did. If the driver does not confirm that it
+holds the result, the task keeps it in a file on its host and the record names that file:
+a trained result is never lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from sparktrain import wire
+from sparktrain.errors import WorkerFailure
+from sparktrain.payload import keep_result
+from sparktrain.task.session import TaskSession
+from sparktrain.wire import protocol
+
+# Bytes per message: a frame holds 1 MiB, with room to spare for the message's JSON.
+CHUNK = 1 << 19
+# The driver's confirmation may take this long, plus a second for every 16 MiB.
+CONFIRM_TIMEOUT = 60.0
+
+
+def deliver(
+    session: TaskSession, records: Iterable[dict[str, Any]], host: str
+) -> Iterator[dict[str, Any]]:
+    """The records, with rank 0's result sent to the driver instead of carried.
+
+    Args:
+        session: the task's link to the driver.
+        records: its ranks' records.
+        host: this task's host, for the error that names a kept result.
+    """
+    for record in records:
+        data = record.get("result")
+        if data is None:
+            yield record
+            continue
+        error = _send(session, record["index"], data)
+        if error is None:
+            yield {**record, "result": None, "result_sent": len(data)}
+        else:
+            yield _kept(session, record, data, host, error)
+
+
+def _send(session: TaskSession, index: int, data: bytes) -> str | None:
+    """Send ``data`` to the driver; None once it confirmed that it holds it, else why not."""
+    client = session.client
+    if client is None:
+        return "the driver could not be reached"
+    view = memoryview(data)
+    try:
+        for offset in range(0, len(data), CHUNK):
+            piece = view[offset : offset + CHUNK]
+            client.send(protocol.RESULT_CHUNK(index=index, offset=offset, blob=piece))
+        digest = hashlib.sha256(data).hexdigest()
+        client.send(protocol.RESULT_END(index=index, size=len(data), sha256=digest))
+    except (OSError, wire.FrameError) as exc:
+        return f"sending it failed ({exc})"
+    return session.result_saved(CONFIRM_TIMEOUT + len(data) / (16 << 20))
+
+
+def _kept(
+    session: TaskSession, record: dict[str, Any], data: bytes, host: str, why: str
+) -> dict[str, Any]:
+    """A failed record for a result the driver did not get, kept on this host if possible."""
+    job = session.job
+    size = f"{len(data) / (1 << 20):.1f} MiB"
+    try:
+        path = keep_result(data, f"{job.run_id}-attempt{job.attempt + 1}-rank0")
+        where = (
+            f"it is kept in {path} on {host or socket.gethostname()} "
+            '(pickle.load(open(path, "rb")) reads it back)'
+        )
+    except OSError as exc:
+        where = f"it could not be kept on {host} either ({exc})"
+    failure = WorkerFailure(
+        rank=record["rank"],
+        host=host,
+        exit_code=0,
+        phase="result",
+        time=time.time(),
+        message=f"rank 0 finished, but its result ({size}) did not reach the driver: {why}; "
+        + where,
+    )
+    return {**record, "status": "failed", "result": None, "failure": failure.to_json()}

@@ -1,0 +1,103 @@
+"""SIGKILL the driver's Python mid-run: no rank, JVM or task folder outlives it for long.
+
+What ends the ranks: on executors, the driver's JVM exits when its Python goes (its gateway
+watches the pipe), the executors exit when their driver is gone, and each task's link to the
+driver's channel breaks, which stops its ranks (SIGTERM, ``grace_period``, SIGKILL); a rank
+also watches its parent. On the driver (np < 0) the ranks watch the driver process itself.
+The folder a killed task could not remove is removed by the next task on that machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparktrain import SparkRunner
+from tests.fixtures import trainers
+from tests.helpers import alive, recorded_pids, wait_for_files
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "driver_killed_job.py"
+GRACE = 2.0
+# Every rank is gone within this many seconds of the driver's death: the time to notice it
+# (a closed connection or a dead parent: well under a second), plus the grace period, plus
+# the SIGKILL that follows, plus slack for a loaded machine. Measured: about 2 s.
+BOUND = GRACE + 13.0
+
+pytestmark = pytest.mark.slow
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """Wait until ``pids`` have all exited, up to ``seconds``; those still alive."""
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(pids)
+
+
+@pytest.mark.parametrize("np", [2, -2], ids=["executors", "driver"])
+def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> None:
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    tmp = tmp_path / "tmp"  # the driver's and its executors' temporary folder
+    tmp.mkdir()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(pids_dir), str(np)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    jvm = 0
+    ranks: list[int] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("DRIVER "):
+                jvm = int(line.split()[3])
+                break
+        wait_for_files(pids_dir, "*.pid", 2, timeout=120)
+        ranks = recorded_pids(pids_dir)
+        assert len(alive(ranks)) == 2
+        assert list(tmp.glob("sparktrain-*-*-*")), "the run's task folders were not in TMPDIR"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert _gone_within(ranks, BOUND) == [], f"ranks alive {BOUND:g}s after the driver died"
+        if jvm:
+            assert _gone_within([jvm], BOUND) == [], "the driver's JVM outlived its Python"
+    finally:
+        for pid in alive(ranks):
+            os.kill(pid, signal.SIGKILL)
+        _kill_group(proc.pid)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    # The next run on this machine removes the folders the killed tasks left.
+    import tempfile
+
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(tmp)
+    try:
+        assert SparkRunner(np=-1).run(trainers.noop) == 0
+    finally:
+        tempfile.tempdir = saved
+    assert [p.name for p in tmp.glob("sparktrain-*-*-*") if p.is_dir()] == []
+
+
+def _kill_group(pgid: int) -> None:
+    """Whatever the script started and left (a failing test must not leave JVMs running)."""
+    for child in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(child.pid) == pgid:
+                child.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
