@@ -61,6 +61,10 @@ class TaskSession:
         self._shared = threading.Event()
         self._tasks: list[dict[str, Any]] = []
         self._shared_values: dict[str, str] = {}
+        # Ranks start where the task runs, as a function run by the task itself would; the
+        # run's own files live in workdir(). The SparkFiles root, when the task knows one.
+        self.cwd = os.getcwd()
+        self.spark_files: str | None = None
 
     # -- the driver -----------------------------------------------------------------------
 
@@ -160,7 +164,11 @@ class TaskSession:
 
     @contextlib.contextmanager
     def workdir(self) -> Iterator[Path]:
-        """A fresh folder holding the payload, where the ranks leave their outcome files."""
+        """A fresh folder holding the payload, where the ranks leave their outcome files.
+
+        It is not the ranks' working directory (that is :attr:`cwd`), and it is removed
+        however the ranks end.
+        """
         path = Path(tempfile.mkdtemp(prefix=f"sparktrain-{self.job.run_id}-"))
         try:
             (path / contract.PAYLOAD_FILE).write_bytes(self.job.payload)
@@ -181,6 +189,8 @@ class TaskSession:
             contract.KEY_ENV: self.job.key.hex(),
             contract.PAYLOAD_ENV: str(workdir / contract.PAYLOAD_FILE),
             contract.MAX_RESULT_ENV: str(self.config.max_result_bytes),
+            contract.TASK_CWD_ENV: self.cwd,
+            **({contract.SPARK_FILES_ENV: self.spark_files} if self.spark_files else {}),
         }
 
     def on_exit(self, key: int, code: int) -> None:
