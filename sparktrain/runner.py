@@ -13,6 +13,7 @@ from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.interrupt import plain_ctrl_c
+from sparktrain.driver.preflight import check_application
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
@@ -173,6 +174,8 @@ class SparkRunner:
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
         get_backend(config.backend).check(config)
+        if session is not None:
+            check_application(session.sparkContext.getConf(), config)
         if session is None:
             from sparktrain.task.entry import local_gpus
 
