@@ -60,7 +60,7 @@ RSH_PEERS_ENV = "_SPARKTRAIN_RSH_PEERS"
 OMPI_RANK_ENV = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE_ENV = "OMPI_COMM_WORLD_SIZE"
 
-# -- files in a task's working folder ----------------------------------------------------------
+# -- files in a task's own folder (not the ranks' working directory) ---------------------------
 PAYLOAD_FILE = "payload.pkl"
 RESULT_FILE = "result.pkl"
 

@@ -5,7 +5,11 @@ behind, extra mpirun arguments, a failed MPI rank, and np larger than the cluste
 from __future__ import annotations
 
 import json
+import os
+import signal
 import tempfile
+import threading
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -15,19 +19,26 @@ import pytest
 from sparktrain import CapacityError, HorovodRunner, RunTimeoutError, SparkRunner, WorkerFailedError
 from tests.conftest import ranks
 from tests.fixtures import porting
+from tests.helpers import wait_for_files
 from tests.spark.test_horovod_runner import _mpi_available
 
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "porting_train.py"
 TMP = Path(tempfile.gettempdir())
 
 
-def _gone(folders: list[str]) -> None:
-    """None of the rank folders sparktrain made, nor any other of their runs, is left."""
+def _gone(folders: list[str], wait: float = 0.0) -> None:
+    """None of the rank folders sparktrain made, nor any other of their runs, is left
+    (within ``wait`` seconds, for tasks that end after run() has returned)."""
     assert folders
-    for folder in folders:
-        assert not Path(folder).exists(), f"{folder} was left behind"
-        run_prefix = Path(folder).name.rsplit("-", 1)[0]  # sparktrain-<run id>
-        assert not list(TMP.glob(f"{run_prefix}-*")), f"{run_prefix}-* was left behind"
+    prefixes = {Path(f).name.rsplit("-", 1)[0] for f in folders}  # sparktrain-<run id>
+    deadline = time.monotonic() + wait
+    while True:
+        left = [str(p) for prefix in prefixes for p in TMP.glob(f"{prefix}-*")]
+        left += [f for f in folders if Path(f).exists() and f not in left]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"left behind: {left}"
 
 
 def test_script_with_string_arguments_on_executors(spark, tmp_path):
@@ -78,6 +89,24 @@ def test_no_folder_is_left_after_a_failure_or_a_stop(mode, tmp_path, how):
     assert len(seen) == 2
     assert all(not Path(s["cwd"]).name.startswith("sparktrain-") for s in seen)
     _gone([s["own_folder"] for s in seen])
+
+
+@pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
+def test_no_folder_is_left_after_ctrl_c(mode, tmp_path, presses):
+    # Once: every rank is stopped; twice: the run's Spark job is cancelled at once.
+    def interrupt_when_started():
+        wait_for_files(tmp_path, "folder-*.json", 2)
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        SparkRunner(np=ranks(mode, 2), grace_period=1).run(
+            porting.note_folder_then, str(tmp_path), "hang"
+        )
+    seen = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("folder-*.json"))]
+    # A cancelled Spark job ends its tasks asynchronously: their folders go when they do.
+    _gone([s["own_folder"] for s in seen], wait=30.0)
 
 
 def test_np_larger_than_the_cluster_can_ever_hold_is_refused(spark):
