@@ -1,8 +1,8 @@
 """TARGET of ``sparktrain run``: a script or ``module:function``, made into the rank function.
 
-:func:`resolve_target` runs on the driver: it reads a script's source, or imports a
-function and ships its module by value when executors cannot import it themselves.
-:func:`run_script` is the rank function for scripts; it runs inside each rank.
+:func:`resolve_target` runs on the driver: it reads a script's source (see
+:mod:`sparktrain.script`), or imports a function and ships its module by value when
+executors cannot import it themselves.
 """
 
 from __future__ import annotations
@@ -17,72 +17,12 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from sparktrain.errors import PayloadError
+from sparktrain.script import run_script, script_call
+
 
 class UsageError(Exception):
     """A command line that cannot run; the message says what to change (exit code 2)."""
-
-
-# -- the rank function for scripts (runs inside each rank) --------------------------------
-
-
-def run_script(path: str, source: str, argv: list[str]) -> None:
-    """Run a script's source as ``__main__`` (``runpy.run_path``) with ``argv`` after its name.
-
-    Where ``path`` holds the same source (np < 0, or a shared file system), it runs from
-    there, with ``sys.argv = [path, *argv]``. Elsewhere it runs from a private copy with the
-    same file name, so executors need not see the driver's files; ``sys.argv[0]`` and
-    ``__file__`` then name that copy (``runpy`` sets them to the file it runs).
-
-    Args:
-        path: the script's absolute path on the driver.
-        source: the script's source, as read on the driver.
-        argv: the arguments after the script's name.
-
-    Raises:
-        BaseException: whatever the script raises, its traceback starting in the script.
-    """
-    import linecache
-    import runpy
-    import shutil
-    import tempfile
-
-    target, tmp = path, None
-    if not _has_source(path, source):
-        tmp = tempfile.mkdtemp(prefix="sparktrain-script-")
-        target = os.path.join(tmp, os.path.basename(path) or "script.py")
-        with open(target, "w", encoding="utf-8") as fh:
-            fh.write(source)
-        # The copy is gone by the time the traceback is rendered; keep its lines for it
-        # (an entry without an mtime survives linecache.checkcache).
-        linecache.cache[target] = (len(source), None, source.splitlines(True), target)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-    try:
-        runpy.run_path(target, run_name="__main__")
-    except BaseException as exc:
-        # Drop runpy's frames so the traceback goes from here straight into the script.
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != target:
-            tb = tb.tb_next
-        exc.with_traceback(tb or exc.__traceback__)
-        raise
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
-
-
-def _has_source(path: str, source: str) -> bool:
-    try:
-        return _read_text(path) == source
-    except (OSError, UnicodeDecodeError):
-        return False
 
 
 # -- resolving TARGET (on the driver) -----------------------------------------------------
@@ -108,10 +48,9 @@ def resolve_target(target: str, args: list[str]) -> tuple[Callable[..., Any], li
         if not os.path.isfile(target):
             raise UsageError(f"script {target!r} not found")
         try:
-            source = _read_text(target)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read script {target!r}: {exc}") from None
-        return run_script, [os.path.abspath(target), source, list(args)]
+            return run_script, script_call(target, tuple(args))
+        except PayloadError as exc:
+            raise UsageError(str(exc)) from None
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"TARGET {target!r} is neither a .py script nor module:function")

@@ -11,12 +11,14 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import textwrap
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from sparktrain.errors import ConfigurationError
+from sparktrain.mpi_args import parse_mpi_args
 
 CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
@@ -93,6 +95,7 @@ _KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
     "bool": (parse_bool, lambda value: "true" if value else "false"),
     "duration": (parse_duration, format_duration),
     "size": (parse_size, format_size),
+    "args": (parse_mpi_args, shlex.join),
 }
 _UNSET_WORDS = ("", "none", "auto")
 
@@ -214,6 +217,22 @@ class RunConfig:
         "who starts the ranks of backend horovod: gloo (sparktrain does; auto) or mpi (mpirun).",
         unset="auto",
     )
+    extra_mpi_args: tuple[str, ...] | None = _setting(
+        None,
+        "extraMpiArgs",
+        "args",
+        "more arguments for mpirun with launcher mpi, as on a command line (e.g. "
+        "-x NCCL_DEBUG=INFO --bind-to none); never run through a shell.",
+        unset="none",
+    )
+    ignore_ssl: bool = _setting(
+        False,
+        "ignoreSsl",
+        "bool",
+        "run on a cluster with spark.ssl.enabled=true, although what the ranks send each other "
+        "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the README's "
+        "Security section.",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np == 0:
@@ -272,6 +291,20 @@ class RunConfig:
             )
         if self.launcher is not None and not isinstance(self.launcher, str):
             raise ConfigurationError(f"launcher must be a string or None; got {self.launcher!r}")
+        try:
+            mpi_args = parse_mpi_args(self.extra_mpi_args)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"extra_mpi_args: {exc} (argument extra_mpi_args=, or {conf_key('extra_mpi_args')})"
+            ) from None
+        if mpi_args and self.launcher != "mpi":
+            raise ConfigurationError(
+                f"extra_mpi_args are mpirun's, but launcher is {self.launcher or 'auto'}: set "
+                f"launcher='mpi' ({conf_key('launcher')} mpi) with backend='horovod', or drop them"
+            )
+        object.__setattr__(self, "extra_mpi_args", mpi_args)
+        if not isinstance(self.ignore_ssl, bool):
+            raise ConfigurationError(f"ignore_ssl must be True or False; got {self.ignore_ssl!r}")
         if self.use_gpu not in (None, True, False):
             raise ConfigurationError(f"use_gpu must be True, False or None; got {self.use_gpu!r}")
         if not isinstance(self.env, Mapping):

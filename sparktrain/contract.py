@@ -21,6 +21,12 @@ PAYLOAD_ENV = "_SPARKTRAIN_PAYLOAD"
 RESULT_ENV = "_SPARKTRAIN_RESULT"
 # Where a rank writes its JSON error record when it fails in Python.
 ERROR_ENV = "_SPARKTRAIN_ERROR"
+# The folder a rank starts in: its task's working directory (under mpirun, which may start
+# ranks elsewhere, the worker changes to it).
+TASK_CWD_ENV = "_SPARKTRAIN_CWD"
+# The task's SparkFiles root (files and archives shipped with addFile / --files / --archives),
+# so that pyspark's SparkFiles.get works inside a rank.
+SPARK_FILES_ENV = "_SPARKTRAIN_SPARK_FILES"
 # Largest pickled result rank 0 may write, in bytes.
 MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
 # The index, within CUDA_VISIBLE_DEVICES, of the rank's own GPU.
@@ -54,7 +60,7 @@ RSH_PEERS_ENV = "_SPARKTRAIN_RSH_PEERS"
 OMPI_RANK_ENV = "OMPI_COMM_WORLD_RANK"
 OMPI_SIZE_ENV = "OMPI_COMM_WORLD_SIZE"
 
-# -- files in a task's working folder ----------------------------------------------------------
+# -- files in a task's own folder (not the ranks' working directory) ---------------------------
 PAYLOAD_FILE = "payload.pkl"
 RESULT_FILE = "result.pkl"
 

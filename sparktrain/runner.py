@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -12,11 +13,13 @@ from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.interrupt import plain_ctrl_c
+from sparktrain.driver.preflight import check_application
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
-from sparktrain.errors import ConfigurationError
+from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.payload import dump_call
+from sparktrain.script import run_script, script_call
 from sparktrain.task.job import TaskJob
 
 
@@ -130,12 +133,21 @@ class SparkRunner:
         }
         return RunConfig.resolve(self.np, self._overrides, spark_conf=conf)
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(
+        self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's return value.
+
+        ``fn`` may also be the path of a Python script, as with TorchDistributor:
+        ``run("train.py", "--lr", "0.01")`` runs it as ``__main__`` on every rank with
+        ``sys.argv = ["train.py", "--lr", "0.01"]`` (string arguments only, no keywords), and
+        returns None; a script that raises or exits non-zero fails the run. Its source travels
+        with the run, so executors need not see the driver's file.
 
         Raises:
             PayloadError: ``fn`` or its arguments cannot be pickled (the captured object is
-                named), or rank 0's result cannot be pickled or is too large.
+                named), or rank 0's result cannot be pickled or is too large; a script
+                path that is not a file, or a script argument that is not a str.
             CapacityError: the cluster cannot run ``np`` tasks at once.
             WorkerFailedError: a rank failed; the root cause comes first.
             RendezvousTimeoutError: ranks never reached the rendezvous in time.
@@ -148,9 +160,22 @@ class SparkRunner:
         (``sparktrain.checkpoint.load_latest``); ``sparktrain.attempt()`` tells which attempt
         it is in. ``restart_on_user_error=True`` restarts after exceptions too.
         """
+        name = getattr(fn, "__name__", "function")
+        if isinstance(fn, (str, os.PathLike)):
+            if kwargs:
+                raise PayloadError(
+                    f"a script takes command-line arguments only, but keyword arguments "
+                    f"{sorted(kwargs)} were given: pass them as strings, e.g. "
+                    f"run({os.fspath(fn)!r}, '--{next(iter(kwargs))}', '...')"
+                )
+            name = os.path.basename(os.fspath(fn))
+            args = tuple(script_call(fn, args))
+            fn = run_script
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
         get_backend(config.backend).check(config)
+        if session is not None:
+            check_application(session.sparkContext.getConf(), config)
         if session is None:
             from sparktrain.task.entry import local_gpus
 
@@ -177,7 +202,6 @@ class SparkRunner:
             payload=payload,
             hook=hook,
         )
-        name = getattr(fn, "__name__", "function")
         attempts = Attempts(
             session, config, job, name, record, progress, tracker, self._channel_hook
         )

@@ -6,6 +6,7 @@ log line to show for it; we refuse up front with what was found and what to chan
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any
@@ -38,6 +39,69 @@ def total_slots(sc: Any) -> int:
     return executors * int(conf.get("spark.executor.cores", "1")) // task_cpus
 
 
+_LOCAL = re.compile(r"^local(?:\[\s*(\d+|\*)\s*(?:,\s*\d+\s*)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
+
+
+def _number(conf: Any, key: str) -> float | None:
+    value = conf.get(key, None)
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def most_slots(master: str, conf: Any) -> tuple[int, str] | None:
+    """The most tasks the application could ever run at once, where its settings bound it.
+
+    A local or local-cluster master names its threads or its executors and their cores;
+    elsewhere
+    ``spark.executor.instances`` (with ``spark.executor.cores``) or ``spark.cores.max``
+    bound the cores. Each executor's GPUs bound its tasks too, when tasks take GPUs.
+
+    Returns:
+        ``(slots, how that was found)``, or None where nothing bounds it (executors may
+        still be registering and their number is not known in advance).
+    """
+    task_cpus = int(_number(conf, "spark.task.cpus") or 1)
+    task_gpus = _number(conf, "spark.task.resource.gpu.amount") or 0.0
+    executor_gpus = _number(conf, "spark.executor.resource.gpu.amount")
+    cores_max = _number(conf, "spark.cores.max")
+    local = _LOCAL.match(master.strip())
+    if local:
+        spec = local.group(1)
+        threads = 1 if spec is None else (os.cpu_count() or 1) if spec == "*" else int(spec)
+        return threads // task_cpus, f"master {master}, spark.task.cpus={task_cpus}"
+    match = _LOCAL_CLUSTER.match(master.strip())
+    if match:
+        executors, cores = int(match.group(1)), int(match.group(2))
+        how = f"{master}: {executors} executor(s) x {cores} core(s)"
+    else:
+        instances = _number(conf, "spark.executor.instances")
+        executor_cores = _number(conf, "spark.executor.cores")
+        if instances is not None and executor_cores is not None:
+            executors, cores = int(instances), int(executor_cores)
+            how = f"spark.executor.instances={executors} x spark.executor.cores={cores}"
+        elif cores_max is not None:
+            slots = int(cores_max) // task_cpus
+            return slots, f"spark.cores.max={int(cores_max)}, spark.task.cpus={task_cpus}"
+        else:
+            return None
+    per_executor = cores // task_cpus
+    how += f", spark.task.cpus={task_cpus}"
+    if task_gpus > 0 and executor_gpus is not None:
+        per_executor = min(per_executor, int(executor_gpus / task_gpus + 1e-9))
+        how += (
+            f", spark.executor.resource.gpu.amount={executor_gpus:g}, "
+            f"spark.task.resource.gpu.amount={task_gpus:g}"
+        )
+    slots = executors * per_executor
+    if cores_max is not None:
+        slots = min(slots, int(cores_max) // task_cpus)
+        how += f", spark.cores.max={int(cores_max)}"
+    return slots, how
+
+
 def busy_slots(sc: Any) -> int:
     """Tasks currently running for other jobs, or still ending after their job was cancelled.
 
@@ -67,6 +131,9 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
     so it gets until then; an older one is judged at once. ``since`` (epoch seconds) moves
     that start, e.g. to when a restart found executors lost.
 
+    Where the application's settings bound how many tasks it can ever run at once (see
+    :func:`most_slots`) and np is over that, it is refused at once, however young the session.
+
     Raises:
         CapacityError: dynamic allocation is on, or too few slots, naming the settings.
     """
@@ -77,6 +144,7 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
             "spark.dynamicAllocation.enabled=false (and spark.executor.instances) for this "
             "application"
         )
+    ceiling = most_slots(sc.master, conf)
     deadline = (since if since is not None else sc.startTime / 1000.0) + wait
     busy_deadline: float | None = None
     told_registering = False
@@ -103,6 +171,16 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
                     f"np={n} needs {n} free task slots at once, but {busy} of the cluster's "
                     f"{total} slots are busy with other jobs; wait for them, or lower np"
                 )
+        elif ceiling is not None and ceiling[0] < n:
+            # More executors cannot come: waiting for them would only delay the refusal.
+            most, how = ceiling
+            lower = f"Lower np to {most} or less, or give" if most > 0 else "Give"
+            raise CapacityError(
+                f"np={n} needs {n} task slots at once (barrier mode), but this application "
+                f"can never run more than {most} ({how}). {lower} the application more "
+                "executors or cores when it starts (spark.executor.instances, "
+                "spark.executor.cores)."
+            )
         elif now >= deadline:
             break
         elif not told_registering:

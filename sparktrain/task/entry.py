@@ -119,6 +119,7 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
     # an executor by may be an address this machine does not hold, as behind NAT).
     bind = listen_address(host, "")
     with _session(job, bind, range(index, index + 1)) as (session, launcher):
+        session.spark_files = spark_files_root()
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
         info = TaskInfo(
@@ -134,6 +135,22 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
         session.listen()
         records = _launch(session, launcher, [index], backend, session.exchange)
         yield from deliver(session, records, host)
+
+
+def spark_files_root() -> str | None:
+    """The absolute SparkFiles root of this task (or of the driver's active SparkContext).
+
+    Executors put files and archives there (``addFile``, ``--files``, ``--archives``); it is
+    relative (``.``) on executors, so it is made absolute while this is the task's folder.
+    """
+    try:
+        from pyspark import SparkContext, SparkFiles
+
+        if not SparkFiles._is_running_on_worker and SparkContext._active_spark_context is None:
+            return None  # on the driver without a SparkContext: there is nothing to find
+        return os.path.abspath(SparkFiles.getRootDirectory())
+    except Exception:  # noqa: BLE001 - Spark Connect, or an older PySpark: go without
+        return None
 
 
 def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
@@ -177,6 +194,7 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
     gpus = local_gpus(config.use_gpu, n)
     cpus = max(1, (os.cpu_count() or 1) // n)
     with _session(job, "127.0.0.1", range(n)) as (session, launcher):
+        session.spark_files = spark_files_root() if "pyspark" in sys.modules else None
         for index in range(n):
             host = _run_hook(job, index).get("host") or "127.0.0.1"
             info = TaskInfo(

@@ -160,7 +160,7 @@ class ProcessLauncher(RankLauncher):
             rank.rank,
             [sys.executable, "-m", "sparktrain.worker"],
             worker_env(self.session, spec, rank, backend, shared, workdir),
-            str(workdir),
+            self.session.cwd,
             on_line=self.session.log,
             on_exit=self.session.on_exit,
             dumps_stacks=True,

@@ -1,6 +1,6 @@
 """Task records: what each rank left behind, turned into the record its task yields.
 
-A rank leaves its exit code, its last lines of output and, in the task's working folder,
+A rank leaves its exit code, its last lines of output and, in the task's own folder,
 ``error-<rank>.json`` when it failed in Python or ``result.pkl`` (rank 0) when it succeeded
 (see :mod:`sparktrain.worker.bootstrap`). A record is the plain dict the driver collects:
 ``index``, ``rank``, ``status`` ("ok", "failed" or "stopped"), ``result`` (rank 0's pickled

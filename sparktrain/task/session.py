@@ -64,6 +64,10 @@ class TaskSession:
         # Set with the driver's answer to a result sent over the channel (or its loss).
         self._saved = threading.Event()
         self._saved_answer: dict[str, Any] | None = None
+        # Ranks start where the task runs, as a function run by the task itself would; the
+        # run's own files live in workdir(). The SparkFiles root, when the task knows one.
+        self.cwd = os.getcwd()
+        self.spark_files: str | None = None
 
     # -- the driver -----------------------------------------------------------------------
 
@@ -180,7 +184,11 @@ class TaskSession:
 
     @contextlib.contextmanager
     def workdir(self) -> Iterator[Path]:
-        """A fresh folder holding the payload, where the ranks leave their outcome files."""
+        """A fresh folder holding the payload, where the ranks leave their outcome files.
+
+        It is not the ranks' working directory (that is :attr:`cwd`), and it is removed
+        however the ranks end.
+        """
         path = workdirs.create(self.job.run_id)
         try:
             (path / contract.PAYLOAD_FILE).write_bytes(self.job.payload)
@@ -201,6 +209,8 @@ class TaskSession:
             contract.KEY_ENV: self.job.key.hex(),
             contract.PAYLOAD_ENV: str(workdir / contract.PAYLOAD_FILE),
             contract.MAX_RESULT_ENV: str(self.config.max_result_bytes),
+            contract.TASK_CWD_ENV: self.cwd,
+            **({contract.SPARK_FILES_ENV: self.spark_files} if self.spark_files else {}),
         }
 
     def on_exit(self, key: int, code: int) -> None:

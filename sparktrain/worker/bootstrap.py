@@ -25,6 +25,7 @@ from sparktrain import contract
 from sparktrain.errors import PayloadError, SparkTrainError
 from sparktrain.payload import ResultTooLargeError, dump_result, keep_result, load_call
 from sparktrain.worker import context
+from sparktrain.worker.sparkfiles import expose_spark_files
 
 PR_SET_PDEATHSIG = 1
 
@@ -65,7 +66,11 @@ def _adopt_mpi_rank() -> None:
         os.environ[contract.RESULT_ENV] = os.path.join(folder, contract.RESULT_FILE)
     else:
         os.environ.pop(contract.RESULT_ENV, None)
-    os.chdir(folder)
+    # Open MPI starts ranks in mpirun's folder (or $HOME where that is missing): this host's
+    # task's own is where they belong.
+    cwd = os.environ.get(contract.TASK_CWD_ENV)
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
     # The task reaps ranks by these files once their launcher has ended (none outlives it).
     pid_file = os.path.join(folder, contract.pid_file_name(rank))
     with open(f"{pid_file}.tmp", "w", encoding="utf-8") as fh:
@@ -197,6 +202,7 @@ def main() -> int:
         return contract.EXIT_FAILED
     _watch_parent()
     _answer_stack_requests()
+    expose_spark_files()
     try:
         fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record

@@ -339,3 +339,67 @@ def test_tasks_of_a_cancelled_job_still_ending_count_as_busy(
     monkeypatch.setattr("sparktrain.driver.capacity.time.sleep", task_ends)
     check_capacity(sc, 2, wait=60)  # waits until the task has ended, then returns
     assert calls["n"] == 3 and busy_slots(sc) == 0
+
+
+# --- the most the application could ever run: refused at once -----------------------------
+
+
+@pytest.mark.parametrize(
+    "master, conf, expected",
+    [
+        ("local-cluster[2,1,1024]", {}, 2),
+        ("local-cluster[3, 4, 2048]", {"spark.task.cpus": "2"}, 6),
+        (
+            "local-cluster[2,1,1024]",
+            {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1"},
+            2,
+        ),
+        (
+            "local-cluster[2,4,1024]",
+            {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "0.5"},
+            4,  # two tasks share each executor's one GPU
+        ),
+        ("local[3]", {}, 3),
+        ("local", {}, 1),
+        ("local[4, 2]", {"spark.task.cpus": "2"}, 2),
+        ("yarn", {"spark.executor.instances": "4", "spark.executor.cores": "2"}, 8),
+        (
+            "k8s://https://h:6443",
+            {"spark.executor.instances": "4", "spark.executor.cores": "2", "spark.cores.max": "5"},
+            5,
+        ),
+        ("spark://m:7077", {"spark.cores.max": "6", "spark.task.cpus": "3"}, 2),
+        ("spark://m:7077", {}, None),  # executors of unknown size: no bound
+        ("yarn", {"spark.executor.instances": "4"}, None),  # cores per executor unknown
+    ],
+)
+def test_most_slots(master: str, conf: dict[str, str], expected: int | None) -> None:
+    found = capacity.most_slots(master, FakeConf(conf))
+    assert (found[0] if found else None) == expected
+
+
+def test_np_over_what_the_application_can_ever_hold_is_refused_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A session started just now, no executor registered yet, capacity_wait 60 s: np=3 on
+    # local-cluster[2,1,1024] can never run, so there is nothing to wait for.
+    def no_waiting(seconds: float) -> None:
+        raise AssertionError("check_capacity waited for executors that cannot come")
+
+    monkeypatch.setattr("sparktrain.driver.capacity.time.sleep", no_waiting)
+    sc = FakeSc(slots=0, age=0.0, master="local-cluster[2,1,1024]")
+    with pytest.raises(CapacityError) as info:
+        check_capacity(sc, 3, wait=60)
+    message = str(info.value)
+    assert "np=3 needs 3 task slots at once" in message
+    assert (
+        "can never run more than 2 (local-cluster[2,1,1024]: 2 executor(s) x 1 core(s)" in message
+    )
+    assert "Lower np to 2 or less" in message and "spark.executor.instances" in message
+
+
+def test_np_within_the_bound_still_waits_for_executors_to_register() -> None:
+    answers = iter([0, 1, 2])
+    sc = FakeSc(slots=lambda: next(answers, 2), age=0.0, master="local-cluster[2,1,1024]")
+    check_capacity(sc, 2, wait=60)
+    assert sc.slot_calls == 3

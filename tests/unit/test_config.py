@@ -111,14 +111,21 @@ def test_run_config_holds_any_backend_name_and_the_registry_judges_it() -> None:
         check_backend_name(name)
 
 
-def test_config_imports_nothing_of_sparktrain_but_errors() -> None:
+def test_config_imports_nothing_of_sparktrain_but_errors_and_leaves() -> None:
     # Backends import config (for RunConfig's type): config importing them would be a loop.
+    # mpi_args (the extra_mpi_args check) imports nothing of sparktrain.
     tree = ast.parse(Path(config_module.__file__).read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {name for name in imported if name and name.startswith("sparktrain")} == {
-        "sparktrain.errors"
+        "sparktrain.errors",
+        "sparktrain.mpi_args",
     }
+    tree = ast.parse((Path(config_module.__file__).parent / "mpi_args.py").read_text("utf-8"))
+    assert not any(
+        isinstance(node, (ast.Import, ast.ImportFrom)) and "sparktrain" in ast.unparse(node)
+        for node in ast.walk(tree)
+    )
 
 
 @pytest.mark.parametrize("verbosity", ["ALL", "none", "", "log_callback"])
@@ -602,3 +609,73 @@ def test_from_json_validates() -> None:
     data["env"] = {"RANK": "1"}
     with pytest.raises(ConfigurationError, match="env may not set RANK"):
         RunConfig.from_json(data)
+
+
+# -- extra_mpi_args (horovod.spark.run's) and ignore_ssl ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("-x NCCL_DEBUG=INFO --bind-to none", ("-x", "NCCL_DEBUG=INFO", "--bind-to", "none")),
+        (["-x", "NCCL_SOCKET_IFNAME=^lo,docker0"], ("-x", "NCCL_SOCKET_IFNAME=^lo,docker0")),
+        ("-mca btl_tcp_if_include eth0", ("-mca", "btl_tcp_if_include", "eth0")),
+        ("", ()),
+    ],
+)
+def test_extra_mpi_args_are_split_into_tokens(given: object, expected: tuple[str, ...]) -> None:
+    config = RunConfig(np=2, backend="horovod", launcher="mpi", extra_mpi_args=given)  # type: ignore[arg-type]
+    assert config.extra_mpi_args == expected
+
+
+def test_extra_mpi_args_from_spark_conf_and_env() -> None:
+    key = conf_key("extra_mpi_args")
+    assert key == "spark.sparktrain.extraMpiArgs"
+    config = RunConfig.resolve(
+        2, {"backend": "horovod", "launcher": "mpi"}, spark_conf={key: "-x A=1"}
+    )
+    assert config.extra_mpi_args == ("-x", "A=1")
+    config = RunConfig.resolve(
+        2,
+        {"backend": "horovod", "launcher": "mpi"},
+        spark_conf={key: "-x A=1"},
+        environ={"SPARKTRAIN_EXTRA_MPI_ARGS": "--bind-to none"},
+    )
+    assert config.extra_mpi_args == ("--bind-to", "none")
+    assert RunConfig.from_json(config.to_json()) == config
+
+
+@pytest.mark.parametrize(
+    "given, fragment",
+    [
+        ("-x A=1; rm -rf /", "shell syntax is refused"),
+        ("-x A=$(id)", "shell syntax is refused"),
+        (["-x", "A=1 B=2"], "shell syntax is refused"),  # a space inside one token
+        ("-x 'A=1", "cannot split"),
+        ("evil.sh -x A=1", "'evil.sh' is not a flag: mpirun would run it as the program"),
+        ("-np 4", "-np is sparktrain's to set: the number of ranks"),
+        ("--host a,b", "--host is sparktrain's to set: the hosts"),
+        ("--map-by node", "--map-by is sparktrain's to set"),
+        ("-mca plm_rsh_agent ssh", "-mca plm_rsh_agent is sparktrain's to set"),
+        ([1, 2], "every argument must be a str"),
+    ],
+)
+def test_bad_extra_mpi_args_are_refused_naming_the_token(given: object, fragment: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=2, backend="horovod", launcher="mpi", extra_mpi_args=given)  # type: ignore[arg-type]
+    assert fragment in str(info.value)
+    assert "extra_mpi_args" in str(info.value)
+
+
+@pytest.mark.parametrize("launcher", [None, "gloo"])
+def test_extra_mpi_args_need_the_mpi_launcher(launcher: str | None) -> None:
+    with pytest.raises(ConfigurationError, match="set launcher='mpi'"):
+        RunConfig(np=2, backend="horovod", launcher=launcher, extra_mpi_args="-x A=1")
+
+
+def test_ignore_ssl_is_a_bool_setting() -> None:
+    assert RunConfig(np=2).ignore_ssl is False
+    assert conf_key("ignore_ssl") == "spark.sparktrain.ignoreSsl"
+    assert RunConfig.resolve(2, spark_conf={"spark.sparktrain.ignoreSsl": "true"}).ignore_ssl
+    with pytest.raises(ConfigurationError, match="ignore_ssl must be True or False"):
+        RunConfig(np=2, ignore_ssl="yes")  # type: ignore[arg-type]

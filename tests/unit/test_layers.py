@@ -12,7 +12,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sparktrain"
 LAYERS: list[tuple[str, ...]] = [
     ("contract", "errors", "log", "conf_file", "stacks"),  # leaves: names, errors, logs, ...
     ("wire",),  # frames, the frame server, the protocol
-    ("config", "cluster", "payload"),  # the run's data: settings, layout, pickles
+    (
+        "config",
+        "cluster",
+        "payload",
+        "script",
+        "mpi_args",
+    ),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
     ("worker",),  # inside a rank
     ("checkpoint", "data", "plot"),  # libraries for the user's function

@@ -43,16 +43,21 @@ def test_host_list_follows_the_cluster_spec(hosts, expected):
 
 
 def test_command_uses_the_agent_and_keeps_daemons_attached():
-    argv = mpi.mpirun_command(
-        spec_of(["a", "b"]), python="/py", mpirun="/mpirun", as_root=True, grace_period=2.5
-    )
+    argv = mpi.mpirun_command(spec_of(["a", "b"]), python="/py", mpirun="/mpirun", as_root=True)
     assert argv[:2] == ["/mpirun", "--allow-run-as-root"]
     mca = _mca(argv)
     assert mca["plm_rsh_agent"] == "/py -m sparktrain.task.mpi.rsh"
     assert mca["plm_rsh_no_tree_spawn"] == "1"
-    assert mca["odls_base_sigkill_timeout"] == "3"
+    # Open MPI's own stop of the ranks after a failure takes 2 steps of this: kept short.
+    assert mca["odls_base_sigkill_timeout"] == "1"
     assert "--leave-session-attached" in argv and "--tag-output" in argv
     assert _option(argv, "-map-by") == "slot" and _option(argv, "-bind-to") == "none"
+
+
+def test_extra_args_go_before_the_program_as_separate_tokens():
+    extra = ("-x", "NCCL_DEBUG=INFO", "--bind-to", "none")
+    argv = mpi.mpirun_command(spec_of(["a"]), python="/py", mpirun="m", as_root=False, extra=extra)
+    assert argv[-7:] == [*extra, "/py", "-m", "sparktrain.worker"]
 
 
 def test_not_root_no_allow_flag():

@@ -12,17 +12,18 @@ to the processes of its host as one table keyed by global rank
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from sparktrain.cluster import ClusterSpec
 
 RSH_MODULE = "sparktrain.task.mpi.rsh"
 GUARD_MODULE = "sparktrain.task.mpi.guard"
+# Seconds Open MPI waits between the signals it stops ranks with (odls_base_sigkill_timeout).
+KILL_STEP = 1
 
 # "[jobid,rank]<stdout>:" — what --tag-output puts before every chunk a rank writes.
 _TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
@@ -39,7 +40,7 @@ def mpirun_command(
     python: str | None = None,
     mpirun: str | None = None,
     as_root: bool | None = None,
-    grace_period: float = 10.0,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The mpirun command that starts one ``python -m sparktrain.worker`` per rank of ``spec``.
 
@@ -54,8 +55,8 @@ def mpirun_command(
         python: the interpreter for ranks and for the agent (default: this one).
         mpirun: the mpirun executable (default: the one on PATH).
         as_root: add ``--allow-run-as-root`` (default: when running as root).
-        grace_period: seconds mpirun gives ranks between SIGTERM and SIGKILL when it stops
-            them (a failed peer, or mpirun itself asked to stop).
+        extra: the user's ``extra_mpi_args`` (checked by RunConfig), placed after
+            sparktrain's own flags and before the program.
 
     Returns:
         The argv list.
@@ -88,16 +89,20 @@ def mpirun_command(
         "-mca",
         "orte_keep_fqdn_hostnames",
         "1",
+        # When a rank fails, Open MPI stops the others with SIGCONT, a wait, SIGTERM, the
+        # same wait again and SIGKILL, waiting even for ranks long gone: one second each.
+        # A stop that sparktrain asks for gives the ranks grace_period itself
+        # (MpiRun.terminate) before mpirun is told.
         "-mca",
         "odls_base_sigkill_timeout",
-        str(max(1, math.ceil(grace_period))),
+        str(KILL_STEP),
     ]
     ifnames = {r.task.ifname for r in spec.ranks}
     if spec.num_nodes > 1 and len(ifnames) == 1 and None not in ifnames:
         # One interface name everywhere: keep MPI's TCP traffic on the one Spark uses.
         name = str(next(iter(ifnames)))
         argv += ["-mca", "btl_tcp_if_include", name, "-mca", "oob_tcp_if_include", name]
-    argv += [python, "-m", "sparktrain.worker"]
+    argv += [*extra, python, "-m", "sparktrain.worker"]
     return argv
 
 

@@ -26,11 +26,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, rank_env
-from sparktrain.cluster import ClusterSpec
+from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.task.launchers import Exchange, RankLauncher
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.hosts import LAUNCHER_LINK, HostDaemons, LauncherLink
@@ -39,6 +39,9 @@ from sparktrain.task.mpi.peers import PeerServer
 from sparktrain.task.process import RankProcess, stop_all
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
+
+if TYPE_CHECKING:
+    import psutil
 
 # mpirun and the daemons stop their ranks themselves (SIGTERM, grace, SIGKILL): they get that
 # long and this much more before the supervisor kills them.
@@ -102,17 +105,17 @@ class MpiRun:
             key,
             [sys.executable, "-m", command.GUARD_MODULE, *argv],
             env,
-            str(self.workdir),
+            self.session.cwd,
             on_line=on_line,
             on_exit=self.session.on_exit,
         )
 
-    def reap(self, host: str) -> None:
-        """Make sure no rank of ``host`` started here outlives its launcher."""
+    def _rank_procs(self, ranks: Sequence[RankSpec]) -> list[psutil.Process]:
+        """The live processes of ``ranks`` that wrote their pid file in this task's folder."""
         import psutil
 
         procs = []
-        for rank in self.spec.on_host(host):
+        for rank in ranks:
             path = self.workdir / contract.pid_file_name(rank.rank)
             try:
                 proc = psutil.Process(int(path.read_text(encoding="utf-8")))
@@ -120,6 +123,34 @@ class MpiRun:
                     procs.append(proc)
             except (OSError, ValueError, psutil.Error):
                 continue
+        return procs
+
+    def terminate(self, grace: float) -> None:
+        """SIGTERM the ranks started under this task, and SIGKILL those alive ``grace`` later.
+
+        Used when the run is stopped (the driver's abort): the ranks get the grace period
+        here, where Open MPI would give them only a second (see ``command.KILL_STEP``).
+        """
+        import psutil
+
+        procs = self._rank_procs(self.spec.ranks)
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+    def reap(self, host: str) -> None:
+        """Make sure no rank of ``host`` started here outlives its launcher."""
+        import psutil
+
+        procs = self._rank_procs(self.spec.on_host(host))
         for proc in procs:
             try:
                 proc.kill()
@@ -233,7 +264,15 @@ class MpiTask:
             return
         self.run_.stopping = True
         live = self._processes()
-        threading.Thread(target=stop_all, args=(live, self.run_.grace), daemon=True).start()
+        run = self.run_
+
+        def stop() -> None:
+            # The ranks first, with their grace period; then mpirun and the daemons, which
+            # end on their own once their ranks are gone.
+            run.terminate(run.config.grace_period)
+            stop_all(live, LAUNCHER_SLACK + 2 * command.KILL_STEP)
+
+        threading.Thread(target=stop, daemon=True).start()
 
     def _report(self, message: dict[str, Any]) -> None:
         """Tell the launcher about this task's daemon (itself, when it is the launcher)."""

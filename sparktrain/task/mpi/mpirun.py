@@ -70,7 +70,7 @@ class Mpirun:
         first = self.spec.ranks[0]
         env = self.run.host_env(first.task.host)
         env[contract.RSH_PEERS_ENV] = json.dumps(self.peers())
-        argv = command.mpirun_command(self.spec, grace_period=self.run.config.grace_period)
+        argv = command.mpirun_command(self.spec, extra=self.run.config.extra_mpi_args or ())
         self.proc = self.run.guarded(MPIRUN, argv, env, self._on_line)
         self.run.session.started(first, self.proc.pid)
 
@@ -137,7 +137,8 @@ class Mpirun:
             self.spec,
             self.run.workdir,
             code=self.code,
-            stopped=self.proc.stopped_by_supervisor,
+            # Ranks this task stopped (the driver's abort) end on SIGTERM: not a root cause.
+            stopped=self.proc.stopped_by_supervisor or self.run.stopping,
             end=self.proc.exit_time or time.time(),
             exits=exits,
             errors=errors,

@@ -1,0 +1,74 @@
+"""Checks of the Spark application's settings before a run is submitted.
+
+* ``use_gpu=True`` on an application whose tasks get no GPUs is refused, naming the settings
+  that give tasks GPUs (the ranks would otherwise train on CPU without a word).
+* An application that asked Spark to encrypt its traffic (``spark.ssl.enabled`` or
+  ``spark.network.crypto.enabled``) is refused unless ``ignore_ssl`` is set: what the ranks
+  send each other (torch.distributed's store, Gloo and NCCL, Horovod's rendezvous, MPI) is not
+  encrypted, and sparktrain's channel is authenticated, not encrypted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparktrain.config import RunConfig, conf_key
+from sparktrain.errors import ConfigurationError
+
+_ENCRYPTION = ("spark.ssl.enabled", "spark.network.crypto.enabled")
+
+
+def check_application(conf: Any, config: RunConfig) -> None:
+    """Refuse a run on Spark executors that cannot do what was asked, before submitting it.
+
+    Args:
+        conf: the application's SparkConf (anything with ``get(key, default)``).
+        config: the run's settings.
+
+    Raises:
+        ConfigurationError: ``use_gpu=True`` without GPUs for tasks, or an encrypted
+            application without ``ignore_ssl``; the message names the settings to change.
+    """
+    _check_encryption(conf, config)
+    _check_gpus(conf, config)
+
+
+def _is_true(conf: Any, key: str) -> bool:
+    return str(conf.get(key, "false")).strip().lower() == "true"
+
+
+def _check_encryption(conf: Any, config: RunConfig) -> None:
+    if config.ignore_ssl:
+        return
+    found = [key for key in _ENCRYPTION if _is_true(conf, key)]
+    if not found:
+        return
+    raise ConfigurationError(
+        f"this Spark application encrypts its traffic ({found[0]}=true), but the traffic "
+        "between ranks (torch.distributed's store, Gloo or NCCL collectives, Horovod's "
+        "rendezvous, MPI) is not encrypted, and sparktrain's own channel is authenticated but "
+        f"not encrypted. To run anyway, on a network you trust, set ignore_ssl=True "
+        f"({conf_key('ignore_ssl')} true); see the Security section of the README"
+    )
+
+
+def _check_gpus(conf: Any, config: RunConfig) -> None:
+    if config.use_gpu is not True:
+        return
+    amount = conf.get("spark.task.resource.gpu.amount", None)
+    try:
+        per_task = float(amount) if amount is not None else 0.0
+    except ValueError:
+        per_task = 0.0
+    if per_task > 0:
+        return
+    shown = f"={amount}" if amount is not None else " is not set"
+    raise ConfigurationError(
+        f"use_gpu=True, but Spark gives this application's tasks no GPUs "
+        f"(spark.task.resource.gpu.amount{shown}), so every rank would train on CPU. Give "
+        "tasks GPUs with spark.executor.resource.gpu.amount, "
+        "spark.executor.resource.gpu.discoveryScript and spark.task.resource.gpu.amount "
+        "(e.g. 1; on a standalone cluster also spark.worker.resource.gpu.amount and "
+        "spark.worker.resource.gpu.discoveryScript), set when the application starts; or "
+        f"use_gpu=None to use GPUs only where tasks have them ({conf_key('use_gpu')})"
+    )
