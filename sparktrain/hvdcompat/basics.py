@@ -154,8 +154,15 @@ def is_homogeneous() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """False: there is no MPI underneath."""
-    return False
+    """Raises, as Horovod does when it runs on Gloo: there is no MPI underneath.
+
+    Raises:
+        ValueError: always.
+    """
+    raise ValueError(
+        "Horovod MPI is not enabled: sparktrain's built-in horovod.torch runs on "
+        "torch.distributed (Gloo/NCCL), not MPI"
+    )
 
 
 def mpi_enabled() -> bool:

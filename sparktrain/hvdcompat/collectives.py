@@ -299,4 +299,3 @@ def _no_process_set(process_set: Any, function: str) -> None:
             f"hvd.{function}(process_set=...) is not supported by sparktrain's built-in "
             "horovod.torch: only the global process set is"
         )
-

@@ -67,22 +67,28 @@ class _GradientSync:
         _checked()
         params = self._params()
         sparse = set()
+        grads: list[torch.Tensor] = []
         for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:
+            grad = p.grad
+            if grad is None:
+                grad = p.grad = torch.zeros_like(p)
+            elif grad.is_sparse:
                 if not self.sparse_as_dense:
                     raise NotImplementedError(
                         "sparse gradients are not supported by sparktrain's built-in "
                         "horovod.torch; pass sparse_as_dense=True to hvd.DistributedOptimizer"
                     )
                 sparse.add(id(p))
-                p.grad = p.grad.to_dense()
+                grad = p.grad = grad.to_dense()
+            grads.append(grad)
         pre, post = 1.0, 1.0
         if self.op == Average:
             pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        packed: list[tuple[torch.Tensor, list[tuple[torch.Tensor, Any, torch.Tensor]]]] = []
-        for bucket in _buckets([(p, *self._compression.compress(p.grad)) for p in params]):
+        packed: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, Any]]]] = []
+        compressed = [
+            (p, *self._compression.compress(g)) for p, g in zip(params, grads, strict=True)
+        ]
+        for bucket in _buckets(compressed):
             flat = torch.cat([c.reshape(-1) for _, c, _ in bucket])
             if pre != 1.0:
                 flat.mul_(pre)
@@ -92,15 +98,12 @@ class _GradientSync:
             work.wait()
             _finish_reduce(flat, self.op, post)
             offset = 0
-            for p, compressed, ctx in bucket:
-                n = compressed.numel()
-                reduced = self._compression.decompress(
-                    flat[offset : offset + n].view_as(compressed), ctx
-                )
+            for p, sent, ctx in bucket:
+                n = sent.numel()
+                reduced = self._compression.decompress(flat[offset : offset + n].view_as(sent), ctx)
                 offset += n
-                assert p.grad is not None
-                if id(p) in sparse:
-                    p.grad = reduced.to_sparse()
+                if id(p) in sparse or p.grad is None:
+                    p.grad = reduced.to_sparse() if id(p) in sparse else reduced
                 else:
                     p.grad.copy_(reduced)
         self._synchronized = True
@@ -165,9 +168,7 @@ def _check_names(optimizer: torch.optim.Optimizer, named_parameters: Any) -> Non
     if duplicates:
         raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}")
     known = {id(p) for _, p in named}
-    unnamed = [
-        p for group in optimizer.param_groups for p in group["params"] if id(p) not in known
-    ]
+    unnamed = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in known]
     if unnamed:
         raise ValueError(
             f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are "
@@ -222,14 +223,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         raise ValueError("gradient_predivide_factor applies only with op=hvd.Average")
     if named_parameters is not None:
         _check_names(optimizer, named_parameters)
-    base = type(optimizer)
-    cls = type(base.__name__, (_GradientSync, base), {"__module__": base.__module__})
+    base: Any = type(optimizer)
+    cls: Any = type(base.__name__, (_GradientSync, base), {"__module__": base.__module__})
     wrapped = cls.__new__(cls)
-    base.__init__(wrapped, optimizer.param_groups)  # type: ignore[misc]
+    # Fresh state over the same parameter groups, as Horovod's wrapper has.
+    base.__init__(wrapped, optimizer.param_groups)
     wrapped._setup_sync(
         compression, op, gradient_predivide_factor, sparse_as_dense, backward_passes_per_step
     )
-    return wrapped  # type: ignore[no-any-return]
+    result: torch.optim.Optimizer = wrapped
+    return result
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:

@@ -194,3 +194,16 @@ def test_tutorial_runs_unchanged_without_horovod(tmp_path: Path) -> None:
     saved = sorted(checkpoints.glob("checkpoint-*.pth.tar"))
     assert [p.name for p in saved] == [f"checkpoint-{e}.pth.tar" for e in (1, 2, 3)]
     assert {torch.load(p, weights_only=False)["rank"] for p in saved} == {0}
+
+
+@pytest.mark.horovod
+@needs_horovod
+def test_collectives_as_horovod() -> None:
+    ours = _runner(-2, "builtin").run(hvd_compat.collectives)
+    theirs = _runner(-2, "horovod").run(hvd_compat.collectives)
+    assert ours["fp16"] == pytest.approx(theirs.pop("fp16"), rel=1e-3)
+    ours.pop("fp16")
+    # Which rank joins last is a race in both: only its range is certain.
+    assert ours.pop("join") in (0, 1) and theirs.pop("join") in (0, 1)
+    assert ours == theirs
+    assert ours["scaled"] == [2.25, 22.5, -2.25]  # (x0 + x1) * 0.5 * 3.0 / 2, by hand
