@@ -32,6 +32,7 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
+from sparktrain.backends.torch import COLLECTIVE_DEFAULTS
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
@@ -309,6 +310,14 @@ class HorovodBackend(Backend):
             env["HOROVOD_GLOO_IFACE"] = rank.task.ifname
         env.update(interface_env(rank))
         return env
+
+    def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:
+        if contract.HOROVOD_SHIM_ENV not in env:
+            return {}
+        # The built-in horovod.torch runs torch.distributed: the torch backend's defaults.
+        return {
+            names[0]: value for names, value in COLLECTIVE_DEFAULTS if env.keys().isdisjoint(names)
+        }
 
     def teardown(self) -> None:
         server, thread = self._server, self._thread

@@ -214,6 +214,7 @@ def comm_device(tensor: torch.Tensor | None = None) -> torch.device:
     """Where a collective's buffer must live: the tensor's device, else the group's default."""
     if tensor is not None:
         return tensor.device
-    if "nccl" in _checked().backend:
+    # Only a group made by the user with NCCL alone lacks Gloo for CPU buffers.
+    if _checked().backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -269,6 +269,10 @@ def test_auto_without_horovod_uses_the_builtin_one(
         "GLOO_SOCKET_IFNAME": "eth0",
         "NCCL_SOCKET_IFNAME": "eth0",
     }
+    # torch.distributed's collective defaults, as the torch backend gives them; not for Horovod.
+    assert backend.env_defaults(env) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert backend.env_defaults({**env, "NCCL_ASYNC_ERROR_HANDLING": "0"}) == {}
+    assert backend.env_defaults(backend.env(spec, spec.ranks[1], SHARED, config)) == {}
 
 
 def test_builtin_setting_wins_over_installed_horovod(fake_horovod: Path) -> None:
