@@ -56,11 +56,8 @@ from sparktrain.hvdcompat.collectives import (
     synchronize,
 )
 from sparktrain.hvdcompat.compression import Compression, Compressor
-from sparktrain.hvdcompat.optimizer import (
-    DistributedOptimizer,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from sparktrain.hvdcompat.functions import broadcast_optimizer_state, broadcast_parameters
+from sparktrain.hvdcompat.optimizer import DistributedOptimizer
 
 __all__ = [
     "Adasum",

@@ -207,3 +207,20 @@ def test_collectives_as_horovod() -> None:
     assert ours.pop("join") in (0, 1) and theirs.pop("join") in (0, 1)
     assert ours == theirs
     assert ours["scaled"] == [2.25, 22.5, -2.25]  # (x0 + x1) * 0.5 * 3.0 / 2, by hand
+
+
+@pytest.mark.horovod
+@needs_horovod
+def test_accumulation_clipping_and_unused_parameters_as_horovod() -> None:
+    ours = _runner(-2, "builtin").run(hvd_compat.accumulate_and_clip)
+    theirs = _runner(-2, "horovod").run(hvd_compat.accumulate_and_clip)
+    assert ours["params"][0] == pytest.approx(ours["params"][1], abs=1e-7)  # one replica
+    assert ours["params"][0] == pytest.approx(theirs["params"][0], rel=1e-5, abs=1e-6)
+    assert ours["norms"] == pytest.approx(theirs["norms"], rel=1e-5)
+
+
+def test_too_many_backward_passes_fail_naming_the_setting() -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        _runner(-2, "builtin").run(hvd_compat.too_many_backward_passes)
+    assert "gradients were computed more than backward_passes_per_step=1 times" in str(info.value)
+    assert "raise backward_passes_per_step in hvd.DistributedOptimizer" in str(info.value)

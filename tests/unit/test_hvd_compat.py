@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparktrain import contract
-from sparktrain.hvdcompat import SHIM_DIR, api, basics, optimizer
+from sparktrain.hvdcompat import SHIM_DIR, api, basics, fusion
 
 
 def test_fp16_compression_round_trip() -> None:
@@ -29,14 +29,16 @@ def test_fp16_compression_round_trip() -> None:
     assert same is grad and api.Compression.none.decompress(same, ctx) is grad
 
 
-def test_fusion_buckets_split_by_dtype_and_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(optimizer, "FUSION_BYTES", 40)  # ten float32 values
-    tensors = [torch.zeros(4), torch.zeros(4), torch.zeros(4, dtype=torch.float16), torch.zeros(3)]
-    items = [(t, t, None) for t in tensors]
-    buckets = [[item[1].numel() for item in b] for b in optimizer._buckets(items)]
-    assert buckets == [[4, 4], [3], [4]]  # float32: 8 values, then 3; float16 apart
-    big = [(t, t, None) for t in (torch.zeros(20), torch.zeros(1))]
-    assert [[i[1].numel() for i in b] for b in optimizer._buckets(big)] == [[20], [1]]
+def test_fusion_buckets_split_by_dtype_and_size_last_parameter_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fusion, "FUSION_BYTES", 40)  # ten float32 values
+    a, b, c, d = torch.zeros(3), torch.zeros(4, dtype=torch.float16), torch.zeros(4), torch.zeros(4)
+    buckets = fusion.plan_buckets([a, b, c, d])
+    # Reverse order; d+c fill a float32 bucket; b travels apart; a starts the next float32 one.
+    assert [[id(p) for p in bucket] for bucket in buckets] == [[id(d), id(c)], [id(b)], [id(a)]]
+    big, small = torch.zeros(20), torch.zeros(1)
+    assert [len(bucket) for bucket in fusion.plan_buckets([small, big])] == [1, 1]
 
 
 def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
