@@ -117,3 +117,19 @@ def test_the_shim_shadows_installed_horovod_where_it_is_on_the_path() -> None:
         "sparktrain: horovod.torch here is sparktrain's built-in implementation on "
         "torch.distributed (Horovod is not installed)"
     ]
+
+
+def test_worker_puts_the_shim_first_only_when_the_backend_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sparktrain.worker import bootstrap
+
+    monkeypatch.setattr(sys, "path", ["/somewhere"])
+    monkeypatch.setenv("PYTHONPATH", "/user/lib")
+    monkeypatch.delenv(contract.HOROVOD_SHIM_ENV, raising=False)
+    bootstrap._shadow_horovod()
+    assert sys.path == ["/somewhere"] and os.environ["PYTHONPATH"] == "/user/lib"
+    monkeypatch.setenv(contract.HOROVOD_SHIM_ENV, "Horovod is not installed")
+    bootstrap._shadow_horovod()
+    assert sys.path == [str(SHIM_DIR), "/somewhere"]
+    assert os.environ["PYTHONPATH"] == f"{SHIM_DIR}{os.pathsep}/user/lib"
