@@ -6,7 +6,7 @@ rank 0, SGD with momentum) runs with 2 ranks under ``horovod_impl="horovod"`` an
 timed steps (after warm-up steps; launch and imports excluded). The table shows the median of
 each cell and the ratio built-in / Horovod (target: >= 0.95).
 
-    python benchmarks/bench_hvd_compat.py [--repeats 3] [--steps 60] [--spark]
+    python benchmarks/bench_hvd_compat.py [--repeats 3] [--steps 60] [--spark] [--only TEXT]
 
 ``--spark`` runs the ranks on local-cluster[2,1,1024] executors instead of the driver.
 """
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--spark", action="store_true", help="ranks on local-cluster executors")
+    parser.add_argument("--only", default="", help="run only the rows whose label contains this")
     args = parser.parse_args(argv)
 
     from sparktrain import SparkRunner
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     impls = ("horovod", "builtin")
     for fp16 in (False, True):
         for name, (widths, batch) in MODELS.items():
+            label = f"{name}{', fp16' if fp16 else ''}"
+            if args.only not in label:
+                continue
             seen: dict[str, list[float]] = {impl: [] for impl in impls}
             for _ in range(args.repeats):
                 for impl in impls:  # alternating, so drift on a shared machine hits both
@@ -120,7 +124,6 @@ def main(argv: list[str] | None = None) -> None:
                     if result["builtin"] is not (impl == "builtin"):
                         raise SystemExit(f"horovod_impl={impl!r} ran the other implementation")
                     seen[impl].append(result["steps_per_s"])
-            label = f"{name}{', fp16' if fp16 else ''}"
             rows.append(
                 (label, statistics.median(seen["horovod"]), statistics.median(seen["builtin"]))
             )
