@@ -24,6 +24,7 @@ CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
 VERBOSITIES = ("all", "log_callback_only")
 STALL_ACTIONS = ("warn", "fail")
+HOROVOD_IMPLS = ("horovod", "builtin")
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
 RESERVED_ENV = frozenset(
@@ -233,6 +234,15 @@ class RunConfig:
         "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the README's "
         "Security section.",
     )
+    horovod_impl: str | None = _setting(
+        None,
+        "horovodImpl",
+        "str",
+        "which horovod.torch the ranks of backend horovod import: horovod (the installed "
+        "Horovod), builtin (sparktrain's own, on torch.distributed; the installed Horovod is "
+        "shadowed on the ranks only) or auto (Horovod where it is installed, else builtin).",
+        unset="auto",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np == 0:
@@ -305,6 +315,11 @@ class RunConfig:
         object.__setattr__(self, "extra_mpi_args", mpi_args)
         if not isinstance(self.ignore_ssl, bool):
             raise ConfigurationError(f"ignore_ssl must be True or False; got {self.ignore_ssl!r}")
+        if self.horovod_impl is not None and self.horovod_impl not in HOROVOD_IMPLS:
+            raise ConfigurationError(
+                f"horovod_impl must be one of {', '.join(HOROVOD_IMPLS)} or auto; got "
+                f"{self.horovod_impl!r} (argument horovod_impl=, or {conf_key('horovod_impl')})"
+            )
         if self.use_gpu not in (None, True, False):
             raise ConfigurationError(f"use_gpu must be True, False or None; got {self.use_gpu!r}")
         if not isinstance(self.env, Mapping):

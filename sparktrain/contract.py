@@ -48,6 +48,9 @@ ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
 # stacks there on STACK_SIGNAL, after one header line (see stack_header).
 STACK_FD_ENV = "_SPARKTRAIN_STACK_FD"
 STACK_SIGNAL = signal.SIGUSR1
+# Set (to why, e.g. "Horovod is not installed") when ``import horovod`` on the rank must give
+# sparktrain's built-in horovod.torch: the worker then puts its shim first on sys.path.
+HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"
 
 # -- launcher="mpi" ----------------------------------------------------------------------------
 # A JSON object {global rank: {env var: value}} for the ranks of one host (see rank_table).

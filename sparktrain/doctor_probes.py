@@ -305,7 +305,10 @@ print(json.dumps({"version": horovod.__version__, "gloo": bool(hvd.gloo_built())
 def check_horovod() -> list[Check]:
     """Horovod, where installed, imports with torch and was built with Gloo or MPI."""
     if importlib.util.find_spec("horovod") is None:
-        detail = "not installed (needed only for HorovodRunner / backend='horovod')"
+        detail = (
+            "not installed: HorovodRunner runs on sparktrain's built-in horovod.torch "
+            "(Horovod itself is needed only for launcher='mpi' and what the built-in one lacks)"
+        )
         return [Check("horovod", SKIP, detail, HOROVOD_FIX)]
     data, text = _python_json(_HOROVOD_CODE)
     if data is None:

@@ -228,13 +228,16 @@ class SparkRunner:
 class HorovodRunner(SparkRunner):
     """Databricks' HorovodRunner API on any Spark: ``SparkRunner`` with the Horovod backend.
 
-    Code written for ``sparkdl.HorovodRunner`` runs by changing its import.
+    Code written for ``sparkdl.HorovodRunner`` runs by changing its import. Where Horovod is
+    not installed, the ranks' ``import horovod.torch`` gives sparktrain's built-in one, on
+    torch.distributed (``horovod_impl="builtin"`` picks it even where Horovod is installed).
 
     Args:
         np: number of ranks; negative runs them on the driver.
         driver_log_verbosity: ``"log_callback_only"`` (the default, as on Databricks) or
             ``"all"``.
-        **settings: any other SparkRunner setting (``launcher="mpi"``, ``timeout``, …).
+        **settings: any other SparkRunner setting (``launcher="mpi"``, ``horovod_impl``,
+            ``timeout``, …).
 
     Example:
         >>> def train_hvd(learning_rate):

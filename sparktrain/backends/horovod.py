@@ -3,6 +3,13 @@
 With ``launcher="mpi"`` the ranks are started by mpirun instead (see
 :mod:`sparktrain.task.mpi`) and this backend only selects Horovod's MPI controller.
 
+Where Horovod is not installed (or ``horovod_impl="builtin"``), the ranks get sparktrain's
+own ``horovod.torch`` on torch.distributed (:mod:`sparktrain.hvdcompat`) instead: the same
+``HOROVOD_*`` places, torch's ``MASTER_ADDR``/``MASTER_PORT``, and
+:data:`~sparktrain.contract.HOROVOD_SHIM_ENV`, which makes the worker put the shim first on
+the rank's path. Rank 0's task decides, once, in :meth:`HorovodBackend.prepare`, so that every
+rank uses the same implementation.
+
 ``hvd.init()`` under Gloo reads its place in the job from the environment
 (``HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*``) and meets its peers through an HTTP key-value store
 (``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``), in three scopes: ``global``, ``local_<hostname>`` and
@@ -23,9 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
+from sparktrain.backends.torch import COLLECTIVE_DEFAULTS
 from sparktrain.cluster import ClusterSpec, RankSpec
-from sparktrain.config import RunConfig
+from sparktrain.config import RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
 
 LAUNCHERS = (None, "gloo", "mpi")
@@ -121,6 +130,13 @@ def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
     return tuple(slots)
 
 
+def _horovod_spec() -> Any:
+    try:
+        return importlib.util.find_spec("horovod")
+    except (ImportError, ValueError):  # an import hook that hides it, or a broken install
+        return None
+
+
 def horovod_torch_library() -> Path | None:
     """The installed ``horovod.torch`` extension, found without importing torch or Horovod.
 
@@ -128,7 +144,7 @@ def horovod_torch_library() -> Path | None:
         The path of ``horovod/torch/mpi_lib_v2*.so``, or ``None`` when Horovod is not
         installed or was built without PyTorch.
     """
-    spec = importlib.util.find_spec("horovod")
+    spec = _horovod_spec()
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
@@ -144,6 +160,23 @@ def _links_mpi(library: Path) -> bool:
             return m.find(b"libmpi") >= 0
     except (OSError, ValueError):
         return True  # cannot tell: let hvd.init() say
+
+
+def builtin_reason(config: RunConfig) -> str | None:
+    """Why the ranks use sparktrain's built-in ``horovod.torch``, or None when they use Horovod.
+
+    ``horovod_impl="auto"`` picks the built-in one when this process finds no usable
+    ``horovod.torch`` (on a Spark cluster, rank 0's task decides for every rank).
+    """
+    if config.horovod_impl == "builtin":
+        return f"chosen by horovod_impl='builtin' ({conf_key('horovod_impl')})"
+    if config.horovod_impl == "horovod" or config.launcher == "mpi":
+        return None
+    if _horovod_spec() is None:
+        return "Horovod is not installed"
+    if horovod_torch_library() is None:
+        return "Horovod is installed without horovod.torch"
+    return None
 
 
 class HorovodBackend(Backend):
@@ -166,7 +199,17 @@ class HorovodBackend(Backend):
                 f"launcher={config.launcher!r} is not a Horovod launcher; use 'gloo' "
                 "(the default) or 'mpi' (argument launcher=, or spark.sparktrain.launcher)"
             )
-        if importlib.util.find_spec("horovod") is None:
+        if config.horovod_impl == "builtin":
+            if config.launcher == "mpi":
+                raise ConfigurationError(
+                    "launcher='mpi' needs the installed Horovod, but horovod_impl='builtin' "
+                    "picks sparktrain's built-in horovod.torch: use launcher='gloo', or "
+                    f"horovod_impl='horovod' ({conf_key('horovod_impl')})"
+                )
+            return
+        if config.horovod_impl is None and config.launcher != "mpi":
+            return  # auto: Horovod where the ranks find it, else the built-in one
+        if _horovod_spec() is None:
             raise ConfigurationError(f"Horovod is not installed. {INSTALL_HINT}")
         library = horovod_torch_library()
         if library is None:
@@ -201,15 +244,20 @@ class HorovodBackend(Backend):
         return True
 
     def prepare(self, spec: ClusterSpec, config: RunConfig) -> dict[str, str]:
-        """Start Horovod's HTTP rendezvous server for this spec, where rank 0 runs.
+        """Start Horovod's HTTP rendezvous server for this spec, where rank 0 runs; or, when
+        the ranks use the built-in ``horovod.torch`` (see :func:`builtin_reason`), nothing.
 
         Returns:
-            ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` (rank 0's host) and ``..._PORT``.
+            ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` (rank 0's host) and ``..._PORT``; or
+            :data:`~sparktrain.contract.HOROVOD_SHIM_ENV` with the reason for the built-in one.
         """
+        self.teardown()
+        reason = builtin_reason(config)
+        if reason is not None:
+            return {contract.HOROVOD_SHIM_ENV: reason}
         from horovod.runner.common.util.hosts import SlotInfo
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-        self.teardown()
         plan = [SlotInfo(**dataclasses.asdict(slot)) for slot in horovod_slots(spec)]
         try:
             # Bind to the address the ranks are told, not every interface: the store is
@@ -233,6 +281,17 @@ class HorovodBackend(Backend):
             env = {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"}
             env.update(interface_env(rank))
             return env
+        if contract.HOROVOD_SHIM_ENV in shared:
+            env = horovod_slots(spec)[rank.rank].env()
+            env.update(
+                {
+                    contract.HOROVOD_SHIM_ENV: shared[contract.HOROVOD_SHIM_ENV],
+                    "MASTER_ADDR": spec.master_addr,
+                    "MASTER_PORT": str(spec.master_port),
+                }
+            )
+            env.update(interface_env(rank))
+            return env
         if ADDR_KEY not in shared or PORT_KEY not in shared:
             raise SparkTrainError(f"the Horovod rendezvous address is missing from {dict(shared)}")
         env = horovod_slots(spec)[rank.rank].env()
@@ -251,6 +310,14 @@ class HorovodBackend(Backend):
             env["HOROVOD_GLOO_IFACE"] = rank.task.ifname
         env.update(interface_env(rank))
         return env
+
+    def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:
+        if contract.HOROVOD_SHIM_ENV not in env:
+            return {}
+        # The built-in horovod.torch runs torch.distributed: the torch backend's defaults.
+        return {
+            names[0]: value for names, value in COLLECTIVE_DEFAULTS if env.keys().isdisjoint(names)
+        }
 
     def teardown(self) -> None:
         server, thread = self._server, self._thread

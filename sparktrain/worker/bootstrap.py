@@ -149,6 +149,21 @@ def _answer_stack_requests() -> None:
         faulthandler.unregister(contract.STACK_SIGNAL)
 
 
+def _shadow_horovod() -> None:
+    """Make ``import horovod`` give sparktrain's built-in horovod.torch, when the backend says.
+
+    The shim folder goes first on this process's path, and on ``PYTHONPATH`` for the
+    processes the function starts; nothing outside the rank is affected.
+    """
+    if not os.environ.get(contract.HOROVOD_SHIM_ENV):
+        return
+    from sparktrain.hvdcompat import SHIM_DIR
+
+    sys.path.insert(0, str(SHIM_DIR))
+    inherited = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM_DIR), inherited]))
+
+
 def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -203,6 +218,7 @@ def main() -> int:
     _watch_parent()
     _answer_stack_requests()
     expose_spark_files()
+    _shadow_horovod()
     try:
         fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record

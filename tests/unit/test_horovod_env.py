@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sparktrain import contract
 from sparktrain.backends import get_backend
 from sparktrain.backends import horovod as hb
 from sparktrain.backends.base import rank_env
@@ -158,12 +159,15 @@ def _no_horovod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
-@pytest.mark.parametrize("launcher", [None, "gloo", "mpi"])
+@pytest.mark.parametrize(
+    ("launcher", "impl"), [(None, "horovod"), ("gloo", "horovod"), ("mpi", None)]
+)
 def test_check_without_horovod_names_the_install_script(
-    monkeypatch: pytest.MonkeyPatch, launcher: str | None
+    monkeypatch: pytest.MonkeyPatch, launcher: str | None, impl: str | None
 ) -> None:
+    # Only where the installed Horovod is required: asked for, or needed by mpirun.
     _no_horovod(monkeypatch)
-    config = RunConfig(np=2, backend="horovod", launcher=launcher)
+    config = RunConfig(np=2, backend="horovod", launcher=launcher, horovod_impl=impl)
     with pytest.raises(ConfigurationError) as err:
         get_backend("horovod").check(config)
     message = str(err.value)
@@ -181,7 +185,12 @@ def test_check_horovod_without_torch_extension(
     fake.submodule_search_locations = [str(tmp_path)]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: fake)
     with pytest.raises(ConfigurationError, match="without its PyTorch extension"):
-        get_backend("horovod").check(RunConfig(np=2, backend="horovod"))
+        get_backend("horovod").check(RunConfig(np=2, backend="horovod", horovod_impl="horovod"))
+    # auto: the ranks get the built-in horovod.torch instead.
+    get_backend("horovod").check(RunConfig(np=2, backend="horovod"))
+    assert hb.builtin_reason(RunConfig(np=2, backend="horovod")) == (
+        "Horovod is installed without horovod.torch"
+    )
 
 
 def test_check_rejects_unknown_launcher() -> None:
@@ -226,3 +235,62 @@ def test_check_mpi_with_everything_passes(
     fake_horovod.write_bytes(b"\x7fELF...libmpi.so.40...")
     monkeypatch.setattr(hb.shutil, "which", lambda name: "/usr/bin/mpirun")
     get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="mpi"))
+
+
+# -- the built-in horovod.torch (sparktrain.hvdcompat) --------------------------------------
+
+
+@pytest.mark.parametrize("launcher", [None, "gloo"])
+def test_auto_without_horovod_uses_the_builtin_one(
+    monkeypatch: pytest.MonkeyPatch, launcher: str | None
+) -> None:
+    _no_horovod(monkeypatch)
+    config = RunConfig(np=2, backend="horovod", launcher=launcher)
+    backend = get_backend("horovod")
+    backend.check(config)
+    spec = spec_of(["10.0.0.1", "10.0.0.2"], ifname="eth0")
+    shared = backend.prepare(spec, config)
+    try:
+        assert shared == {contract.HOROVOD_SHIM_ENV: "Horovod is not installed"}
+        env = backend.env(spec, spec.ranks[1], shared, config)
+    finally:
+        backend.teardown()
+    assert env == {
+        "HOROVOD_HOSTNAME": "10.0.0.2",
+        "HOROVOD_RANK": "1",
+        "HOROVOD_SIZE": "2",
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": "1",
+        "HOROVOD_CROSS_SIZE": "2",
+        contract.HOROVOD_SHIM_ENV: "Horovod is not installed",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "5000",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
+    # torch.distributed's collective defaults, as the torch backend gives them; not for Horovod.
+    assert backend.env_defaults(env) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert backend.env_defaults({**env, "NCCL_ASYNC_ERROR_HANDLING": "0"}) == {}
+    assert backend.env_defaults(backend.env(spec, spec.ranks[1], SHARED, config)) == {}
+
+
+def test_builtin_setting_wins_over_installed_horovod(fake_horovod: Path) -> None:
+    config = RunConfig(np=2, backend="horovod", horovod_impl="builtin")
+    get_backend("horovod").check(config)
+    reason = hb.builtin_reason(config)
+    assert reason == "chosen by horovod_impl='builtin' (spark.sparktrain.horovodImpl)"
+    assert hb.builtin_reason(RunConfig(np=2, backend="horovod")) is None  # auto: the real one
+
+
+def test_builtin_with_mpi_launcher_is_refused() -> None:
+    config = RunConfig(np=2, backend="horovod", launcher="mpi", horovod_impl="builtin")
+    with pytest.raises(ConfigurationError, match="use launcher='gloo', or horovod_impl='horovod'"):
+        get_backend("horovod").check(config)
+
+
+def test_unknown_horovod_impl_names_the_setting() -> None:
+    with pytest.raises(ConfigurationError, match="horovod_impl must be one of horovod, builtin"):
+        RunConfig(np=2, backend="horovod", horovod_impl="fake")
+    resolved = RunConfig.resolve(2, environ={"SPARKTRAIN_HOROVOD_IMPL": "auto"})
+    assert resolved.horovod_impl is None

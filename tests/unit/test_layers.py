@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
         "mpi_args",
     ),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
-    ("worker",),  # inside a rank
+    ("worker", "hvdcompat"),  # inside a rank
     ("checkpoint", "data", "plot"),  # libraries for the user's function
     ("task",),  # inside a Spark task or the local supervisor
     ("driver",),  # on the driver

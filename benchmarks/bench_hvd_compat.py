@@ -1,0 +1,143 @@
+"""Training speed of sparktrain's built-in horovod.torch against the installed Horovod.
+
+The same Horovod-API training loop (``hvd.DistributedOptimizer``, parameters broadcast from
+rank 0, SGD with momentum) runs with 2 ranks under ``horovod_impl="horovod"`` and
+``horovod_impl="builtin"``, alternating, and each run reports the steps per second of its
+timed steps (after warm-up steps; launch and imports excluded). The table shows the median of
+each cell and the ratio built-in / Horovod (target: >= 0.95).
+
+    python benchmarks/bench_hvd_compat.py [--repeats 3] [--steps 60] [--spark] [--only TEXT]
+
+``--spark`` runs the ranks on local-cluster[2,1,1024] executors instead of the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Any
+
+# name -> (hidden widths of an MLP on 64 inputs, batch size): a small and a larger model, so
+# both per-collective latency and bandwidth show.
+MODELS = {
+    "mlp-small (9.6k params)": ((128,), 64),
+    "mlp-large (4.3M params)": ((2048, 2048), 64),
+}
+
+
+def train(widths: tuple[int, ...], batch: int, steps: int, warmup: int, fp16: bool) -> dict:
+    """Train an MLP on generated data; returns rank 0's steps per second and which hvd ran."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    width = 64
+    for out in widths:
+        layers += [torch.nn.Linear(width, out), torch.nn.ReLU()]
+        width = out
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    x = torch.randn(batch, 64)
+    y = torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    hvd.allreduce(torch.zeros(1), name="start")  # both ranks start the clock together
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    hvd.allreduce(torch.zeros(1), name="end")
+    seconds = time.perf_counter() - start
+    return {
+        "steps_per_s": steps / seconds,
+        "builtin": "sparktrain" in str(hvd.__file__),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell")
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    parser.add_argument("--spark", action="store_true", help="ranks on local-cluster executors")
+    parser.add_argument("--only", default="", help="run only the rows whose label contains this")
+    args = parser.parse_args(argv)
+
+    from sparktrain import SparkRunner
+
+    np = -2
+    spark = None
+    if args.spark:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master("local-cluster[2,1,1024]")
+            .appName("bench-hvd-compat")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        np = 2
+
+    rows: list[tuple[str, float, float]] = []
+    impls = ("horovod", "builtin")
+    for fp16 in (False, True):
+        for name, (widths, batch) in MODELS.items():
+            label = f"{name}{', fp16' if fp16 else ''}"
+            if args.only not in label:
+                continue
+            seen: dict[str, list[float]] = {impl: [] for impl in impls}
+            for _ in range(args.repeats):
+                for impl in impls:  # alternating, so drift on a shared machine hits both
+                    runner = SparkRunner(
+                        np=np,
+                        backend="horovod",
+                        horovod_impl=impl,
+                        driver_log_verbosity="log_callback_only",
+                        progress=False,
+                        spark=spark,
+                    )
+                    result: dict[str, Any] = runner.run(
+                        train, widths, batch, args.steps, args.warmup, fp16
+                    )
+                    if result["builtin"] is not (impl == "builtin"):
+                        raise SystemExit(f"horovod_impl={impl!r} ran the other implementation")
+                    seen[impl].append(result["steps_per_s"])
+            rows.append(
+                (label, statistics.median(seen["horovod"]), statistics.median(seen["builtin"]))
+            )
+            print(f"  {label}: horovod {seen['horovod']}, builtin {seen['builtin']}", flush=True)
+
+    where = "local-cluster executors" if args.spark else "the driver"
+    print(f"\n2 ranks on {where}, {args.steps} timed steps, median of {args.repeats} runs")
+    print("| model | Horovod 0.28.1 steps/s | built-in steps/s | built-in / Horovod |")
+    print("|---|---|---|---|")
+    for label, theirs, ours in rows:
+        print(f"| {label} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x |")
+    if spark is not None:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

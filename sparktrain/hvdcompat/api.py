@@ -1,0 +1,149 @@
+"""The ``horovod.torch`` namespace of sparktrain's built-in implementation.
+
+``import horovod.torch as hvd`` on a rank that uses the built-in implementation gives this
+module's names. Other functions of Horovod's API raise NotImplementedError naming
+themselves, so a script learns at once what it needs that is missing here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparktrain.hvdcompat.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from sparktrain.hvdcompat.collectives import (
+    Adasum,
+    Average,
+    Handle,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    broadcast_object,
+    join,
+    poll,
+    synchronize,
+)
+from sparktrain.hvdcompat.compression import Compression, Compressor
+from sparktrain.hvdcompat.functions import broadcast_optimizer_state, broadcast_parameters
+from sparktrain.hvdcompat.optimizer import DistributedOptimizer
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Compression",
+    "Compressor",
+    "DistributedOptimizer",
+    "Handle",
+    "Max",
+    "Min",
+    "Product",
+    "Sum",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "join",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "poll",
+    "rank",
+    "rocm_built",
+    "shutdown",
+    "size",
+    "synchronize",
+]
+
+# Names of horovod.torch that this implementation does not provide.
+NOT_PROVIDED = frozenset(
+    {
+        "allgather_async",
+        "alltoall",
+        "alltoall_async",
+        "reducescatter",
+        "reducescatter_async",
+        "grouped_allreduce",
+        "grouped_allreduce_",
+        "grouped_allreduce_async",
+        "grouped_allreduce_async_",
+        "grouped_allgather",
+        "grouped_allgather_async",
+        "grouped_reducescatter",
+        "grouped_reducescatter_async",
+        "sparse_allreduce_async",
+        "ProcessSet",
+        "add_process_set",
+        "remove_process_set",
+        "global_process_set",
+        "start_timeline",
+        "stop_timeline",
+        "elastic",
+        "SyncBatchNorm",
+        "mpi_lib_v2",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """NotImplementedError for the parts of Horovod's API that are not provided."""
+    if name in NOT_PROVIDED:
+        raise NotImplementedError(
+            f"hvd.{name} is not supported by sparktrain's built-in horovod.torch; install "
+            "Horovod (scripts/install-horovod.sh) and run with horovod_impl='horovod' to use it"
+        )
+    raise AttributeError(f"module 'horovod.torch' has no attribute {name!r}")

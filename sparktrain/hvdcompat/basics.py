@@ -1,0 +1,220 @@
+"""``hvd.init()``, the rank queries and the capability queries, on torch.distributed.
+
+The process's place comes from the variables sparktrain sets on every rank of the Horovod
+backend (``HOROVOD_RANK``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_CROSS_RANK``, ...), or from the
+torch ones (``RANK``, ``LOCAL_RANK``, ...) where those are missing, as under torchrun. The
+process group meets through ``env://`` (``MASTER_ADDR``/``MASTER_PORT``); Gloo carries CPU
+tensors and, where the rank has a GPU, NCCL carries CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sparktrain import contract
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+
+@dataclasses.dataclass
+class _State:
+    """What ``init()`` learned; one per process (Horovod's API is process-global)."""
+
+    rank: int = -1
+    size: int = 0
+    local_rank: int = 0
+    local_size: int = 1
+    cross_rank: int = 0
+    cross_size: int = 1
+    owns_group: bool = False  # init() created the process group, so shutdown() ends it
+    backend: str = ""
+
+
+_state = _State()
+
+
+def _env_int(names: tuple[str, ...], default: int | None = None) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    if default is None:
+        raise ValueError(
+            f"hvd.init() needs this process's place in the job: none of {', '.join(names)} is "
+            "set (run it through sparktrain's HorovodRunner, or set them as torchrun does)"
+        )
+    return default
+
+
+def _uses_cuda() -> bool:
+    return os.environ.get(contract.USE_GPU_ENV) != "0" and torch.cuda.is_available()
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join the job's process group (``horovod.torch.init``); a second call does nothing.
+
+    Args:
+        comm: an MPI communicator in Horovod; not supported here (must be None).
+        process_sets: Horovod process sets; not supported here (must be None).
+
+    Raises:
+        NotImplementedError: for ``comm`` or ``process_sets``.
+        ValueError: when the environment does not say where this process belongs.
+    """
+    if comm is not None:
+        raise NotImplementedError(
+            "hvd.init(comm=...) is not supported by sparktrain's built-in horovod.torch "
+            "(no MPI); call hvd.init() with no arguments"
+        )
+    if process_sets is not None:
+        raise NotImplementedError(
+            "hvd.init(process_sets=...) is not supported by sparktrain's built-in horovod.torch"
+        )
+    if _state.size:
+        return
+    rank = _env_int(("HOROVOD_RANK", "RANK"))
+    size = _env_int(("HOROVOD_SIZE", "WORLD_SIZE"))
+    local_rank = _env_int(("HOROVOD_LOCAL_RANK", "LOCAL_RANK"), 0)
+    local_size = _env_int(("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"), 1)
+    cross_rank = _env_int(("HOROVOD_CROSS_RANK", "NODE_RANK", "GROUP_RANK"), rank // local_size)
+    cross_size = _env_int(("HOROVOD_CROSS_SIZE",), max(1, size // local_size))
+    owns = not dist.is_initialized()
+    if owns:
+        backend = "cpu:gloo,cuda:nccl" if _uses_cuda() else "gloo"
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
+    elif (dist.get_rank(), dist.get_world_size()) != (rank, size):
+        raise ValueError(
+            f"torch.distributed is already initialized as rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}, but this process is rank {rank} of {size}"
+        )
+    _state.rank, _state.size = rank, size
+    _state.local_rank, _state.local_size = local_rank, local_size
+    _state.cross_rank, _state.cross_size = cross_rank, cross_size
+    _state.owns_group = owns
+    _state.backend = str(dist.get_backend())
+
+
+def shutdown() -> None:
+    """Leave the process group (``horovod.torch.shutdown``); init() may be called again."""
+    if _state.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _state.rank, _state.size, _state.owns_group, _state.backend = -1, 0, False, ""
+
+
+def is_initialized() -> bool:
+    """Whether init() has run (and shutdown() has not since)."""
+    return _state.size > 0
+
+
+def _checked() -> _State:
+    if not _state.size:
+        raise ValueError(NOT_INITIALIZED)
+    return _state
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return _checked().rank
+
+
+def size() -> int:
+    """The number of processes."""
+    return _checked().size
+
+
+def local_rank() -> int:
+    """This process's index among the processes on its host."""
+    return _checked().local_rank
+
+
+def local_size() -> int:
+    """The number of processes on this host."""
+    return _checked().local_size
+
+
+def cross_rank() -> int:
+    """This host's index among the hosts that run a process with this local rank."""
+    return _checked().cross_rank
+
+
+def cross_size() -> int:
+    """The number of hosts that run a process with this local rank."""
+    return _checked().cross_size
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes."""
+    state = _checked()
+    return state.local_size * state.cross_size == state.size
+
+
+def mpi_threads_supported() -> bool:
+    """Raises, as Horovod does when it runs on Gloo: there is no MPI underneath.
+
+    Raises:
+        ValueError: always.
+    """
+    raise ValueError(
+        "Horovod MPI is not enabled: sparktrain's built-in horovod.torch runs on "
+        "torch.distributed (Gloo/NCCL), not MPI"
+    )
+
+
+def mpi_enabled() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """True: CPU tensors travel over Gloo."""
+    return True
+
+
+def gloo_built() -> bool:
+    """True: torch.distributed's Gloo is always there."""
+    return dist.is_gloo_available()
+
+
+def nccl_built() -> bool:
+    """Whether torch.distributed has NCCL (GPU builds of torch)."""
+    return dist.is_nccl_available()
+
+
+def cuda_built() -> bool:
+    """Whether torch was built with CUDA."""
+    return torch.backends.cuda.is_built()
+
+
+def rocm_built() -> bool:
+    """Whether torch was built for ROCm."""
+    return torch.version.hip is not None
+
+
+def ddl_built() -> bool:
+    """False: IBM DDL is not supported."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: oneCCL is not supported."""
+    return False
+
+
+def comm_device(tensor: torch.Tensor | None = None) -> torch.device:
+    """Where a collective's buffer must live: the tensor's device, else the group's default."""
+    if tensor is not None:
+        return tensor.device
+    # Only a group made by the user with NCCL alone lacks Gloo for CPU buffers.
+    if _checked().backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

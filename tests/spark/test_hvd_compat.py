@@ -1,0 +1,226 @@
+"""sparktrain's built-in horovod.torch (``horovod_impl``) against the installed Horovod: the
+same Horovod-API functions on both, compared, on the driver (np<0) and on local-cluster
+executors (np>0); and the tutorials' code on a driver where Horovod cannot be imported."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparktrain import SparkRunner, WorkerFailedError
+from sparktrain.backends.horovod import horovod_torch_library
+from tests.conftest import ROOT, ranks
+from tests.fixtures import hvd_compat, hvd_trainers
+
+needs_horovod = pytest.mark.skipif(
+    horovod_torch_library() is None,
+    reason="horovod.torch is not importable: build it with scripts/install-horovod.sh",
+)
+BUILTIN_LINE = "sparktrain: horovod.torch here is sparktrain's built-in implementation"
+
+_runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def _runner(np: int, impl: str) -> SparkRunner:
+    """HorovodRunner's runner, with the given horovod.torch implementation."""
+    return SparkRunner(np=np, backend="horovod", horovod_impl=impl)
+
+
+def _run(mode: str, impl: str, **kwargs: Any) -> dict[str, Any]:
+    """``parity_steps`` under one implementation; each combination runs once per session."""
+    key = (mode, impl, tuple(sorted(kwargs.items())))
+    if key not in _runs:
+        result: dict[str, Any] = _runner(ranks(mode, 2), impl).run(
+            hvd_compat.parity_steps, **kwargs
+        )
+        assert result["builtin"] is (impl == "builtin")  # the implementation asked for ran
+        _runs[key] = result
+    return _runs[key]
+
+
+def _flat(result: dict[str, Any]) -> list[float]:
+    views = result["ranks"]
+    assert [v["rank"] for v in views] == [0, 1]
+    # Every rank holds the same replica (rank 0's start, averaged gradients).
+    assert views[0]["params"] == pytest.approx(views[1]["params"], abs=1e-6)
+    return list(views[0]["params"])
+
+
+@pytest.mark.parametrize(
+    ("optimizer_name", "fp16", "tolerance"),
+    [("sgd", False, 1e-5), ("adam", False, 1e-5), ("sgd", True, 2e-3)],
+    ids=["sgd", "adam", "sgd-fp16"],
+)
+@pytest.mark.horovod
+@needs_horovod
+def test_same_parameters_as_horovod(
+    mode: str, optimizer_name: str, fp16: bool, tolerance: float
+) -> None:
+    kwargs = {"optimizer_name": optimizer_name, "fp16": fp16}
+    if mode == "spark" and (optimizer_name, fp16) != ("sgd", False):
+        pytest.skip("on executors, one comparison is enough (each run takes a Spark job)")
+    theirs = _run(mode, "horovod", **kwargs)
+    ours = _run(mode, "builtin", **kwargs)
+    assert ours["isinstance"] and theirs["isinstance"]  # the wrapper is the optimizer's class
+    assert _flat(ours) == pytest.approx(_flat(theirs), rel=tolerance, abs=tolerance)
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=tolerance)
+    for view_ours, view_theirs in zip(ours["ranks"], theirs["ranks"], strict=True):
+        assert view_ours["metric"] == view_theirs["metric"] == 1.5  # metric_average
+        assert view_ours["lr"] == view_theirs["lr"]  # rank 0's, by broadcast_optimizer_state
+
+
+@pytest.mark.horovod
+@needs_horovod
+def test_workshop_steps_as_horovod() -> None:
+    # Optimizer state broadcast before wrapping, fp16 compression, allgather_object.
+    results = {
+        impl: _runner(-2, impl).run(hvd_trainers.workshop_steps) for impl in ("horovod", "builtin")
+    }
+    ours, theirs = results["builtin"], results["horovod"]
+    assert ours["compression"] == theirs["compression"] == "FP16Compressor"
+    for mine, real in zip(ours["ranks"], theirs["ranks"], strict=True):
+        assert mine["avg"] == real["avg"] == 1.5
+        assert mine["lr"] == real["lr"] == 0.01
+        assert mine["momentum"] == pytest.approx(real["momentum"], rel=1e-6)
+        assert mine["params"] == pytest.approx(real["params"], rel=2e-3, abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("what", "expected"),
+    [
+        ("alltoall", "hvd.alltoall is not supported by sparktrain's built-in horovod.torch"),
+        ("adasum", "op=hvd.Adasum is not supported by sparktrain's built-in horovod.torch; use"),
+    ],
+    ids=["alltoall", "adasum"],
+)
+def test_unsupported_parts_fail_naming_themselves(mode: str, what: str, expected: str) -> None:
+    if mode == "spark" and what == "adasum":
+        pytest.skip("on executors, one failure is enough (each run takes a Spark job)")
+    with pytest.raises(WorkerFailedError) as info:
+        _runner(ranks(mode, 2), "builtin").run(hvd_compat.unsupported, what)
+    assert expected in str(info.value)
+    assert "NotImplementedError" in str(info.value)
+
+
+def test_builtin_setting_shadows_horovod_on_the_ranks_only(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    result = _runner(-2, "builtin").run(hvd_compat.parity_steps, steps=1)
+    assert result["builtin"] is True
+    out = capfd.readouterr()
+    line = f"{BUILTIN_LINE} on torch.distributed (chosen by horovod_impl='builtin'"
+    assert line in out.out + out.err
+    # The driver's own import of horovod is untouched.
+    assert "horovod" not in sys.modules or "sparktrain" not in str(sys.modules["horovod"].__file__)
+    spec = importlib.util.find_spec("horovod")
+    if spec is not None:
+        assert "hvdcompat" not in str(spec.origin)
+
+
+# A driver process that cannot import the installed Horovod, and whose ranks cannot either:
+# as on a machine where Horovod was never installed.
+HIDE_HOROVOD = """
+import importlib.abc, importlib.machinery, sys, sysconfig
+
+_SITE = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+
+
+class _HideInstalledHorovod(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "horovod":
+            return None
+        elsewhere = [p for p in sys.path if p not in _SITE]
+        spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+        if spec is None:
+            raise ModuleNotFoundError("No module named 'horovod'", name=name)
+        return spec
+
+
+sys.meta_path.insert(0, _HideInstalledHorovod())
+"""
+
+DRIVER = """
+import importlib, json, sys
+try:
+    import horovod
+    print("DRIVER-HOROVOD " + str(horovod.__file__))
+except ImportError as exc:
+    print("DRIVER-HOROVOD none: " + str(exc))
+from sparktrain import HorovodRunner
+from tests.fixtures import hvd_trainers
+result = HorovodRunner(np=-2, driver_log_verbosity="all").run(
+    hvd_trainers.train_hvd, learning_rate=0.1, num_epochs=3, checkpoint_dir=sys.argv[1]
+)
+print("RESULT " + json.dumps(result))
+"""
+
+
+def test_tutorial_runs_unchanged_without_horovod(tmp_path: Path) -> None:
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(textwrap.dedent(HIDE_HOROVOD))
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(hide), str(ROOT)])
+    env.pop("SPARKTRAIN_HOROVOD_IMPL", None)
+    assert sysconfig.get_paths()["purelib"] in sys.path  # the hook hides site-packages' copy
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(checkpoints)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "DRIVER-HOROVOD none: No module named 'horovod'" in out  # nothing shadowed there
+    assert f"{BUILTIN_LINE} on torch.distributed (Horovod is not installed)" in out
+    result = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+    assert result["rank"] == 0 and result["size"] == 2
+    assert result["losses"][-1] < result["losses"][0] * 0.8, result["losses"]
+    import torch
+
+    saved = sorted(checkpoints.glob("checkpoint-*.pth.tar"))
+    assert [p.name for p in saved] == [f"checkpoint-{e}.pth.tar" for e in (1, 2, 3)]
+    assert {torch.load(p, weights_only=False)["rank"] for p in saved} == {0}
+
+
+@pytest.mark.horovod
+@needs_horovod
+def test_collectives_as_horovod() -> None:
+    ours = _runner(-2, "builtin").run(hvd_compat.collectives)
+    theirs = _runner(-2, "horovod").run(hvd_compat.collectives)
+    assert ours["fp16"] == pytest.approx(theirs.pop("fp16"), rel=1e-3)
+    ours.pop("fp16")
+    # Which rank joins last is a race in both: only its range is certain.
+    assert ours.pop("join") in (0, 1) and theirs.pop("join") in (0, 1)
+    assert ours == theirs
+    assert ours["scaled"] == [2.25, 22.5, -2.25]  # (x0 + x1) * 0.5 * 3.0 / 2, by hand
+
+
+@pytest.mark.horovod
+@needs_horovod
+def test_accumulation_clipping_and_unused_parameters_as_horovod() -> None:
+    ours = _runner(-2, "builtin").run(hvd_compat.accumulate_and_clip)
+    theirs = _runner(-2, "horovod").run(hvd_compat.accumulate_and_clip)
+    assert ours["params"][0] == pytest.approx(ours["params"][1], abs=1e-7)  # one replica
+    assert ours["params"][0] == pytest.approx(theirs["params"][0], rel=1e-5, abs=1e-6)
+    assert ours["norms"] == pytest.approx(theirs["norms"], rel=1e-5)
+
+
+def test_too_many_backward_passes_fail_naming_the_setting() -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        _runner(-2, "builtin").run(hvd_compat.too_many_backward_passes)
+    assert "gradients were computed more than backward_passes_per_step=1 times" in str(info.value)
+    assert "raise backward_passes_per_step in hvd.DistributedOptimizer" in str(info.value)
