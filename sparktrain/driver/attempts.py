@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparktrain import wire
-from sparktrain.config import RunConfig
+from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.monitor import Launch, RunMonitor
@@ -113,6 +113,8 @@ class Attempts:
             detached = self.connect is not None and not self.connect.reachable
             # Detached tasks get no channel: they learn the layout from Spark's barrier.
             job = dataclasses.replace(job, channel="" if detached else server.address, key=key)
+            if detached:
+                _log.warning("%s", _detached_note(self.config, job))
             if self.on_channel is not None:
                 self.on_channel(server)
             description = f"sparktrain: {self.name} on {self.config.world_size} ranks"
@@ -128,6 +130,19 @@ class Attempts:
                 return monitor.watch(_launch(self.session, job, description, self.connect))
             finally:
                 attempt.phases.update(monitor.phases())
+
+
+def _detached_note(config: RunConfig, job: TaskJob) -> str:
+    """What a user sees of a run whose executors cannot reach this client."""
+    if config.log_dir is None:
+        where = f"set {conf_key('log_dir')} (log_dir=) to a shared folder to keep it"
+    else:
+        where = f"it is written to {config.log_dir}/{job.run_id}/attempt-{job.attempt}/"
+    return (
+        "the executors cannot reach this client: no live output or progress from the ranks "
+        f"({where}); the result, and a failed rank's error and last lines, come back with "
+        "the Spark job"
+    )
 
 
 def _first_line(error: BaseException) -> str:

@@ -17,10 +17,12 @@ import json
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from sparktrain.errors import WorkerFailure
 from sparktrain.task.job import TaskJob
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
@@ -33,6 +35,9 @@ FAILURE_END = "]SPARKTRAIN-FAILURE"
 # What the client compares with the executors before a run: the pickles of the function and
 # its result cross between the two, so these must agree.
 PACKAGES = ("cloudpickle", "torch", "sparktrain")
+# Beyond the grace period, how long a failure that only followed a peer's loss waits for the
+# peer's own failure to end the stage.
+PEER_FAILURE_WAIT = 10.0
 
 
 class DetachedSession(TaskSession):
@@ -131,7 +136,13 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
         session.close_logs()
     failed = [r for r in records if r.get("status") == "failed" and r.get("failure")]
     if failed:
-        encoded = base64.b64encode(json.dumps(failed[0]["failure"]).encode()).decode()
+        failure = failed[0]["failure"]
+        if WorkerFailure.from_json(failure).follows_peer_loss:
+            # Spark reports the first task error it sees, and this one only followed a peer's
+            # loss: give the peer's own failure time to end the stage (which kills this task)
+            # before offering this one instead.
+            threading.Event().wait(job.run_config.grace_period + PEER_FAILURE_WAIT)
+        encoded = base64.b64encode(json.dumps(failure).encode()).decode()
         raise RuntimeError(f"a rank failed {FAILURE_MARK}{encoded}{FAILURE_END}")
     return records
 
