@@ -168,7 +168,7 @@ def _restartable(error: BaseException, config: RunConfig) -> bool:
     return True
 
 
-def _channel_address(session: Any, connect: ConnectPlan | None) -> tuple[str, str]:
+def _channel_address(session: Any, connect: ConnectPlan | None = None) -> tuple[str, str]:
     """Where the channel listens and what address tasks use to reach it."""
     if session is None:
         return "127.0.0.1", "127.0.0.1"
