@@ -107,12 +107,12 @@ class ConnectLaunch:
                 rows = frame.mapInArrow(task, RECORD_SCHEMA, barrier=True).collect()
                 records = [pickle.loads(row[RECORD_COLUMN]) for row in rows]
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
-                failure = failure_in(str(exc))
-                if failure is not None:
-                    records = [_failed_record(failure)]
-                    done(records, None)
-                else:
+                try:
+                    records = [_failed_record(failure_in(str(exc)))]
+                except ValueError:  # no failure record (or a malformed one) in the error
                     done(None, exc)
+                else:
+                    done(records, None)
             else:
                 done(records, None)
             finally:
@@ -137,6 +137,12 @@ class ConnectLaunch:
         return describe_spark_error(error)
 
 
-def _failed_record(failure: dict[str, Any]) -> dict[str, Any]:
-    """A task record for the failure a detached task raised (checked to be one)."""
+def _failed_record(failure: dict[str, Any] | None) -> dict[str, Any]:
+    """A task record for the failure a detached task raised.
+
+    Raises:
+        ValueError: ``failure`` is None or not a failure record.
+    """
+    if failure is None:
+        raise ValueError("no failure record")
     return {"rank": WorkerFailure.from_json(failure).rank, "status": "failed", "failure": failure}

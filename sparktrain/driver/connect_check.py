@@ -16,6 +16,7 @@ import json
 import re
 import socket
 import threading
+import uuid
 from typing import Any
 
 from sparktrain.config import RunConfig, conf_key
@@ -167,7 +168,7 @@ def _any(address: str) -> str:
 
 def _probe(session: Any, address: str, timeout: float) -> dict[str, str]:
     """Run the probe job (one task), within ``timeout`` seconds."""
-    tag = f"sparktrain-probe-{id(threading.current_thread())}"
+    tag = f"sparktrain-probe-{uuid.uuid4().hex[:12]}"
     result: dict[str, Any] = {}
     finished = threading.Event()
 
