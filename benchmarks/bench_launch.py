@@ -3,9 +3,14 @@
 Runs two functions -- a no-op returning the rank, and "init gloo + one all_reduce" -- with 2
 ranks on local-cluster[2,1,1024] executors (and on the driver), through both runners, and
 prints the median wall time of each and the ratio. The first call of each runner is reported
-separately as "cold" (it pays for Python workers and imports on fresh executors).
+separately as "cold" (it pays for Python workers and imports on fresh executors; under Spark
+Connect, sparktrain's cold call also runs its one-task probe of the executors).
 
-    python benchmarks/bench_launch.py [--repeats 5] [--skip-local]
+With ``--connect``, the same two functions also run from a Spark Connect client session on a
+Connect server (a separate process, on its own local-cluster[2,1,1024]), through both runners
+on that session: the "2 executors, Connect" rows, beside the classic session's rows.
+
+    python benchmarks/bench_launch.py [--repeats 5] [--skip-local] [--connect]
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="warm runs per cell")
     parser.add_argument("--skip-local", action="store_true", help="skip the driver-only rows")
+    parser.add_argument(
+        "--connect", action="store_true", help="add rows from a Spark Connect session"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -114,9 +122,11 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     spark.stop()
+    if args.connect:
+        rows += _connect_rows(args.repeats)
 
     header = (
-        f"{'function':<18} {'where':<16} {'sparktrain cold':>15} {'sparktrain warm':>15} "
+        f"{'function':<18} {'where':<22} {'sparktrain cold':>15} {'sparktrain warm':>15} "
         f"{'TorchDistributor cold':>21} {'TorchDistributor warm':>21} {'warm ratio':>10}"
     )
     print()
@@ -128,9 +138,53 @@ def main(argv: list[str] | None = None) -> None:
     print("-" * len(header))
     for name, where, oc, ow, pc, pw in rows:
         print(
-            f"{name:<18} {where:<16} {oc:>15.2f} {ow:>15.2f} {pc:>21.2f} {pw:>21.2f} "
+            f"{name:<18} {where:<22} {oc:>15.2f} {ow:>15.2f} {pc:>21.2f} {pw:>21.2f} "
             f"{pw / ow:>9.1f}x"
         )
+
+
+def _connect_rows(repeats: int) -> list[tuple[str, str, float, float, float, float]]:
+    """The two functions from a Spark Connect session, through both runners."""
+    import tempfile
+    from pathlib import Path
+
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from sparktrain import SparkRunner
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from tests.connect.server import connect_server, connect_session
+
+    conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    log = Path(tempfile.mkdtemp(prefix="bench-connect-")) / "server.log"
+    rows = []
+    with connect_server("local-cluster[2,1,1024]", conf, log, [str(root)]) as url:
+        with connect_session(url) as spark:
+            spark.range(2).collect()  # the executors register and start Python
+            for name, fn, expect in [("no-op", noop, 0), ("gloo + all_reduce", allreduce, 3.0)]:
+                ours = SparkRunner(np=2, spark=spark)
+                peer = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+
+                def run_ours(ours: SparkRunner = ours, fn: Callable[..., Any] = fn) -> Any:
+                    return ours.run(fn)
+
+                def run_peer(peer: TorchDistributor = peer, fn: Callable[..., Any] = fn) -> Any:
+                    return peer.run(fn)
+
+                ours_cold, ours_warm = measure(run_ours, repeats, expect)
+                peer_cold, peer_warm = measure(run_peer, repeats, expect)
+                rows.append(
+                    (
+                        name,
+                        "2 executors, Connect",
+                        ours_cold,
+                        statistics.median(ours_warm),
+                        peer_cold,
+                        statistics.median(peer_warm),
+                    )
+                )
+    return rows
 
 
 def _unchecked(call: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:

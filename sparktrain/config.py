@@ -128,6 +128,11 @@ def conf_key(field: str) -> str:
     raise KeyError(field)
 
 
+def conf_keys() -> list[str]:
+    """The Spark conf key of every setting the Spark conf can set."""
+    return [CONF_PREFIX + str(setting.metadata["key"]) for setting in _settings()]
+
+
 def env_key(field: str) -> str:
     """The environment variable of a field, e.g. ``SPARKTRAIN_START_TIMEOUT``."""
     return ENV_PREFIX + field.upper()
@@ -244,6 +249,33 @@ class RunConfig:
         unset="auto",
     )
 
+    client_address: str | None = _setting(
+        None,
+        "clientAddress",
+        "str",
+        "under Spark Connect, the address executors use to reach this client's channel "
+        "(auto: the address this machine uses to reach the Connect server).",
+        unset="auto",
+    )
+    client_reachable: bool | None = _setting(
+        None,
+        "clientReachable",
+        "bool",
+        "under Spark Connect, whether executors can reach this client: auto tries it before "
+        "the first run; false sends results and failures back through the Spark job alone "
+        "(no live logs or progress; see logDir).",
+        unset="auto",
+    )
+    log_dir: str | None = _setting(
+        None,
+        "logDir",
+        "str",
+        "a folder every executor can write and the client can read (shared storage): each "
+        "rank also writes its output to <logDir>/<run id>/attempt-<n>/rank-<r>.log; the way to "
+        "see logs when executors cannot reach the client.",
+        unset="none",
+    )
+
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np == 0:
             raise ConfigurationError(
@@ -320,6 +352,18 @@ class RunConfig:
                 f"horovod_impl must be one of {', '.join(HOROVOD_IMPLS)} or auto; got "
                 f"{self.horovod_impl!r} (argument horovod_impl=, or {conf_key('horovod_impl')})"
             )
+        if self.client_reachable not in (None, True, False):
+            raise ConfigurationError(
+                f"client_reachable must be True, False or None; got {self.client_reachable!r}"
+                f" (argument client_reachable=, or {conf_key('client_reachable')})"
+            )
+        for name in ("client_address", "log_dir"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigurationError(
+                    f"{name} must be a non-empty string or None; got {value!r}"
+                    f" (argument {name}=, or {conf_key(name)})"
+                )
         if self.use_gpu not in (None, True, False):
             raise ConfigurationError(f"use_gpu must be True, False or None; got {self.use_gpu!r}")
         if not isinstance(self.env, Mapping):

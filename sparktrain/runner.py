@@ -9,9 +9,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sparktrain.backends import check_backend_name, get_backend
-from sparktrain.config import RunConfig
+from sparktrain.config import RunConfig, conf_keys
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
+from sparktrain.driver.connect import is_connect, sparktrain_conf
+from sparktrain.driver.connect_check import ConnectPlan, plan_connect
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application
 from sparktrain.driver.progress import Progress
@@ -98,6 +100,8 @@ class SparkRunner:
         self._pre_rendezvous_hook: Callable[[int], None] | None = None
         # Private test hook: called on the driver with each attempt's channel once it listens.
         self._channel_hook: Callable[[ChannelServer], None] | None = None
+        # What the probe found of each Spark Connect session this runner has run on, by id.
+        self._connect_plans: dict[str, ConnectPlan] = {}
 
     def _session(self) -> Any:
         if self._spark is not None:
@@ -121,11 +125,9 @@ class SparkRunner:
     def _resolve(self, session: Any) -> RunConfig:
         if session is None:
             return self.config
-        if not hasattr(session, "sparkContext") or _is_connect(session):
-            raise ConfigurationError(
-                "this SparkSession is a Spark Connect client; sparktrain needs a classic "
-                "session with a SparkContext (run on the cluster's driver)"
-            )
+        if is_connect(session):
+            conf = sparktrain_conf(session, conf_keys())
+            return RunConfig.resolve(self.np, self._overrides, spark_conf=conf)
         conf = {
             k: v
             for k, v in session.sparkContext.getConf().getAll()
@@ -181,6 +183,11 @@ class SparkRunner:
 
             local_gpus(config.use_gpu, config.world_size)  # no GPUs for use_gpu=True: say so now
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
+        plan = None
+        if session is not None and is_connect(session):
+            plan = self._connect_plans.get(session.session_id)
+            if plan is None:
+                plan = self._connect_plans[session.session_id] = plan_connect(session, config)
         hook = None
         if self._pre_rendezvous_hook is not None:
             import cloudpickle
@@ -203,7 +210,7 @@ class SparkRunner:
             hook=hook,
         )
         attempts = Attempts(
-            session, config, job, name, record, progress, tracker, self._channel_hook
+            session, config, job, name, record, progress, tracker, self._channel_hook, plan
         )
         try:
             with plain_ctrl_c():
@@ -252,7 +259,3 @@ class HorovodRunner(SparkRunner):
     ) -> None:
         settings.setdefault("backend", "horovod")
         super().__init__(np, driver_log_verbosity=driver_log_verbosity, **settings)
-
-
-def _is_connect(session: Any) -> bool:
-    return type(session).__module__.startswith("pyspark.sql.connect")

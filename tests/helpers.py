@@ -44,3 +44,12 @@ def worker_processes() -> list[psutil.Process]:
         if "sparktrain.worker" in cmdline:
             found.append(proc)
     return found
+
+
+def wait_gone(pids: list[int], timeout: float = 30.0) -> None:
+    """Wait until none of ``pids`` runs (a killed task's ranks end when they see it gone)."""
+    deadline = time.monotonic() + timeout
+    while alive(pids):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pids {alive(pids)} still run after {timeout}s")
+        time.sleep(0.05)

@@ -159,14 +159,16 @@ def _cast_floats(df: Any, dtype: str | None) -> Any:
     """``df`` with float and double columns (and arrays of them) cast to ``dtype``."""
     if dtype is None:
         return df
-    from pyspark.sql import functions, types
+    from pyspark.sql import types
 
     target: Any = types.FloatType() if dtype == "float32" else types.DoubleType()
     floats = (types.FloatType, types.DoubleType)
     columns = []
     changed = False
     for field in df.schema.fields:
-        column = functions.col(_quote(field.name))
+        # The DataFrame's own column, not functions.col: that one picks classic or Connect by
+        # a process-wide flag, which a Connect session made without builder.remote() lacks.
+        column = df[_quote(field.name)]
         data_type = field.dataType
         if isinstance(data_type, floats) and type(data_type) is not type(target):
             column, changed = column.cast(target).alias(field.name), True

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sparktrain import wire
-from sparktrain.config import RunConfig
+from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
+from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
@@ -47,6 +48,7 @@ class Attempts:
         progress: the progress display.
         tracker: MLflow tracking, when the driver has an active run.
         on_channel: private test hook, called with each attempt's channel once it listens.
+        connect: for a Spark Connect session, how its executors reach this client.
     """
 
     session: Any
@@ -57,6 +59,7 @@ class Attempts:
     progress: Progress
     tracker: MlflowTracker | None
     on_channel: Callable[[ChannelServer], None] | None = None
+    connect: ConnectPlan | None = None
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value."""
@@ -66,7 +69,7 @@ class Attempts:
         while True:
             attempt = AttemptRecord(attempt=job.attempt)
             self.record.attempts.append(attempt)
-            if self.session is not None:
+            if self.session is not None and self.connect is None:
                 from sparktrain.driver.capacity import check_capacity
 
                 start = time.monotonic()
@@ -107,9 +110,13 @@ class Attempts:
     def _attempt(self, job: TaskJob, attempt: AttemptRecord) -> list[dict[str, Any]]:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
-        bind, advertise = _channel_address(self.session)
+        bind, advertise = _channel_address(self.session, self.connect)
         with ChannelServer(key, bind=bind, advertise=advertise) as server:
-            job = dataclasses.replace(job, channel=server.address, key=key)
+            detached = self.connect is not None and not self.connect.reachable
+            # Detached tasks get no channel: they learn the layout from Spark's barrier.
+            job = dataclasses.replace(job, channel="" if detached else server.address, key=key)
+            if detached:
+                _log.warning("%s", _detached_note(self.config, job))
             if self.on_channel is not None:
                 self.on_channel(server)
             description = f"sparktrain: {self.name} on {self.config.world_size} ranks"
@@ -122,9 +129,22 @@ class Attempts:
                 on_report=self._on_report,
             )
             try:
-                return monitor.watch(_launch(self.session, job, description))
+                return monitor.watch(_launch(self.session, job, description, self.connect))
             finally:
                 attempt.phases.update(monitor.phases())
+
+
+def _detached_note(config: RunConfig, job: TaskJob) -> str:
+    """What a user sees of a run whose executors cannot reach this client."""
+    if config.log_dir is None:
+        where = f"set {conf_key('log_dir')} (log_dir=) to a shared folder to keep it"
+    else:
+        where = f"it is written to {config.log_dir}/{job.run_id}/attempt-{job.attempt}/"
+    return (
+        "the executors cannot reach this client: no live output or progress from the ranks "
+        f"({where}); the result, and a failed rank's error and last lines, come back with "
+        "the Spark job"
+    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -150,10 +170,13 @@ def _restartable(error: BaseException, config: RunConfig) -> bool:
     return True
 
 
-def _channel_address(session: Any) -> tuple[str, str]:
+def _channel_address(session: Any, connect: ConnectPlan | None = None) -> tuple[str, str]:
     """Where the channel listens and what address tasks use to reach it."""
     if session is None:
         return "127.0.0.1", "127.0.0.1"
+    if connect is not None:
+        fallback = "::" if ":" in connect.address else "0.0.0.0"
+        return listen_address(connect.address, fallback), connect.address
     conf = session.sparkContext.getConf()
     advertise = conf.get("spark.driver.host") or "127.0.0.1"
     # Tasks connect to spark.driver.host, so that address alone is listened on when it is
@@ -163,11 +186,15 @@ def _channel_address(session: Any) -> tuple[str, str]:
     return listen_address(advertise, fallback), advertise
 
 
-def _launch(session: Any, job: TaskJob, description: str) -> Launch:
+def _launch(session: Any, job: TaskJob, description: str, connect: ConnectPlan | None) -> Launch:
     if session is None:
         from sparktrain.driver.local import LocalLaunch
 
         return LocalLaunch(job)
+    if connect is not None:
+        from sparktrain.driver.connect import ConnectLaunch
+
+        return ConnectLaunch(session, job, description)
     from sparktrain.driver.stage import SparkLaunch
 
     return SparkLaunch(session, job, description)

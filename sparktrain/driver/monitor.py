@@ -8,6 +8,7 @@ polls or sleeps.
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import time
@@ -126,7 +127,10 @@ class RunMonitor:
             )
         )
         t0 = self.times["start"] = time.monotonic()
-        rendezvous_deadline = t0 + self.config.start_timeout
+        # Detached tasks (a Connect client the executors cannot reach) never say hello: the
+        # job alone tells how the run went, and Spark's barrier is their rendezvous.
+        detached = bool(getattr(launch, "detached", False))
+        rendezvous_deadline = math.inf if detached else t0 + self.config.start_timeout
         run_deadline = t0 + self.config.timeout if self.config.timeout else None
         stop_deadline: float | None = None
         cancel_deadline: float | None = None
@@ -134,6 +138,8 @@ class RunMonitor:
         drain_deadline: float | None = None
         interrupted = False
         while True:
+            if done is not None and detached:
+                break
             if done is not None and drain_deadline is None:
                 self.times["done"] = time.monotonic()
                 drain_deadline = self.times["done"] + DRAIN_WAIT
@@ -150,7 +156,7 @@ class RunMonitor:
             stall_deadline = self.stall.deadline() if self.stop_reason is None else None
             timers = (run_deadline, stop_deadline, cancel_deadline, drain_deadline, stall_deadline)
             deadlines = [d for d in timers if d is not None]
-            if len(self.arrived) < self.n and self.stop_reason is None:
+            if len(self.arrived) < self.n and self.stop_reason is None and not detached:
                 deadlines.append(rendezvous_deadline)
             wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:

@@ -60,17 +60,21 @@ def _run_hook(job: TaskJob, index: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _session(job: TaskJob, bind: str, indices: range) -> Iterator[tuple[TaskSession, RankLauncher]]:
-    """The session and the launcher of tasks ``indices``.
+def _session(
+    job: TaskJob, bind: str, indices: range, session: TaskSession | None = None
+) -> Iterator[tuple[TaskSession, RankLauncher]]:
+    """The session (``session``, or one over a new connection to the driver) and the launcher
+    of tasks ``indices``.
 
     On the way out the launcher is closed and the driver is told that these tasks have exited.
     """
-    try:
-        client = wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
-    except OSError as exc:
-        _log.warning("cannot reach the driver at %s: %s", job.channel, exc)
-        client = None
-    session = TaskSession(job, client)
+    client = None
+    if session is None:
+        try:
+            client = wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
+        except OSError as exc:
+            _log.warning("cannot reach the driver at %s: %s", job.channel, exc)
+        session = TaskSession(job, client)
     launcher = launcher_for(session.config)(session, bind)
     try:
         yield session, launcher
@@ -105,8 +109,16 @@ def _launch(
     return launcher.run(spec, tasks, backend, exchange)
 
 
-def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
-    """Body of one Spark barrier task: runs its rank(s) and yields their records."""
+def run_spark_task(
+    job: TaskJob, iterator: Iterator[Any], session: TaskSession | None = None
+) -> Iterator[dict[str, Any]]:
+    """Body of one Spark barrier task: runs its rank(s) and yields their records.
+
+    Args:
+        job: what the task was handed.
+        iterator: the partition (unused).
+        session: how the task speaks with the driver; by default over its channel.
+    """
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -118,7 +130,7 @@ def run_spark_task(job: TaskJob, iterator: Iterator[Any]) -> Iterator[dict[str, 
     # alone when it is this machine's address, else on every interface (the host Spark knows
     # an executor by may be an address this machine does not hold, as behind NAT).
     bind = listen_address(host, "")
-    with _session(job, bind, range(index, index + 1)) as (session, launcher):
+    with _session(job, bind, range(index, index + 1), session) as (session, launcher):
         session.spark_files = spark_files_root()
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()

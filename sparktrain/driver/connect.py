@@ -1,0 +1,151 @@
+"""np > 0 from a Spark Connect session: the barrier stage as ``mapInArrow(barrier=True)``.
+
+A Connect client has no SparkContext: no RDDs, job groups, broadcasts or status tracker. So
+the stage is a DataFrame of ``np`` partitions mapped by a barrier ``mapInArrow`` whose rows are
+the tasks' pickled records; the job carries a tag of its own, and cancelling interrupts that
+tag. The payload travels inside the plan (Connect has no broadcast).
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sparktrain.driver.stage import FailedTask, describe_spark_error, failed_task
+from sparktrain.errors import WorkerFailure
+from sparktrain.task.connect import RECORD_COLUMN, RECORD_SCHEMA, failure_in, run_connect_task
+from sparktrain.task.job import TaskJob
+
+Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+
+
+def is_connect(session: Any) -> bool:
+    """Whether ``session`` is a Spark Connect client (it has no SparkContext)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def sparktrain_conf(session: Any, keys: list[str]) -> dict[str, str]:
+    """The ``spark.sparktrain.*`` entries of ``keys`` that the session's conf sets."""
+    try:
+        every = session.conf.getAll  # one round trip (pyspark 4); a property, not a method
+    except Exception:  # noqa: BLE001 - older clients: ask for each key
+        every = None
+    if isinstance(every, dict):
+        return {k: str(v) for k, v in every.items() if k in keys and v is not None}
+    found: dict[str, str] = {}
+    for key in keys:
+        value = session.conf.get(key, None)
+        if value is not None:
+            found[key] = str(value)
+    return found
+
+
+def server_endpoint(session: Any) -> tuple[str, int] | None:
+    """The Connect server's host and port, as the client dials it."""
+    try:
+        endpoint = str(session.client._builder.endpoint)
+    except Exception:  # noqa: BLE001 - internal API; the caller then needs client_address
+        return None
+    host, _, port = endpoint.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return None
+
+
+def client_address(session: Any) -> str:
+    """The address of this machine on the way to the Connect server.
+
+    The executors are near the server, so the address this machine uses to reach the server
+    is the best guess at one they can use to reach it. A UDP ``connect`` sends nothing: it only
+    asks the kernel for the route.
+    """
+    endpoint = server_endpoint(session)
+    if endpoint is None:
+        return "127.0.0.1"
+    host, port = endpoint
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family[0], socket.SOCK_DGRAM) as sock:
+            sock.connect(family[4])
+            return str(sock.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+class ConnectLaunch:
+    """Runs the barrier stage from a driver thread; :meth:`cancel` interrupts its job tag.
+
+    Args:
+        spark: the Connect SparkSession.
+        job: what every task gets; an empty ``channel`` runs the tasks detached.
+        description: a label for the job's tag.
+    """
+
+    def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
+        self.spark = spark
+        self.job = job
+        self.n = job.run_config.world_size
+        self.tag = f"sparktrain-{job.run_id}-{job.attempt}"
+        self.description = description
+        # Detached tasks never say hello: the monitor then waits on the job alone.
+        self.detached = not job.channel
+        self._cancelled = threading.Event()
+
+    def start(self, done: Done) -> None:
+        task = functools.partial(run_connect_task, self.job)
+
+        def body() -> None:
+            # Tags are kept per thread by the Connect client: set it in the thread that runs.
+            self.spark.addTag(self.tag)
+            try:
+                frame = self.spark.range(0, self.n, 1, self.n)
+                rows = frame.mapInArrow(task, RECORD_SCHEMA, barrier=True).collect()
+                records = [pickle.loads(row[RECORD_COLUMN]) for row in rows]
+            except BaseException as exc:  # noqa: BLE001 - handed to the monitor
+                try:
+                    records = [_failed_record(failure_in(str(exc)))]
+                except ValueError:  # no failure record (or a malformed one) in the error
+                    done(None, exc)
+                else:
+                    done(records, None)
+            else:
+                done(records, None)
+            finally:
+                try:
+                    self.spark.removeTag(self.tag)
+                except Exception:  # noqa: BLE001 - the session may be gone
+                    pass
+
+        threading.Thread(target=body, name="sparktrain-connect-stage", daemon=True).start()
+
+    def cancel(self) -> None:
+        """Interrupt every operation of the run's tag; the tasks' workers die with them."""
+        if self._cancelled.is_set():
+            return
+        self._cancelled.set()
+        try:
+            self.spark.interruptTag(self.tag)
+        except Exception:  # noqa: BLE001 - the session may already be stopped
+            pass
+
+    def describe_error(self, error: BaseException) -> str:
+        return describe_spark_error(error)
+
+    def failed_task(self, error: BaseException) -> FailedTask | None:
+        return failed_task(error)
+
+
+def _failed_record(failure: dict[str, Any] | None) -> dict[str, Any]:
+    """A task record for the failure a detached task raised.
+
+    Raises:
+        ValueError: ``failure`` is None or not a failure record.
+    """
+    if failure is None:
+        raise ValueError("no failure record")
+    return {"rank": WorkerFailure.from_json(failure).rank, "status": "failed", "failure": failure}

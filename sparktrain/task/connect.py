@@ -1,0 +1,194 @@
+"""The task side of a run launched from a Spark Connect session.
+
+Connect has no RDD API: the barrier stage is ``DataFrame.mapInArrow(..., barrier=True)`` and
+each task's records come back as rows of one binary column. When the executors can reach the
+client, a task is the same as a classic one (:func:`~sparktrain.task.entry.run_spark_task`).
+When they cannot (a laptop, a remote notebook), the task runs *detached*: the layout comes from
+Spark's own ``allGather``, what rank 0's task prepares travels the same way, and a failed rank's
+record (root cause, traceback, output tail) is raised out of the task, which ends the barrier
+stage (Spark does not retry a failed barrier result stage) and reaches the client inside the
+job's error. Live output goes to ``log_dir`` when one is set.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from sparktrain.errors import WorkerFailure
+from sparktrain.task.job import TaskJob
+from sparktrain.task.session import TaskSession
+from sparktrain.wire import protocol
+
+RECORD_COLUMN = "record"
+RECORD_SCHEMA = f"{RECORD_COLUMN} binary"
+# Around a detached task's failure record inside the text of the job's error.
+FAILURE_MARK = "SPARKTRAIN-FAILURE["
+FAILURE_END = "]SPARKTRAIN-FAILURE"
+# What the client compares with the executors before a run: the pickles of the function and
+# its result cross between the two, so these must agree.
+PACKAGES = ("cloudpickle", "torch", "sparktrain")
+# Beyond the grace period, how long a failure that only followed a peer's loss waits for the
+# peer's own failure to end the stage.
+PEER_FAILURE_WAIT = 10.0
+
+
+class DetachedSession(TaskSession):
+    """A task's session when the client cannot be reached: Spark's barrier carries the layout.
+
+    Args:
+        job: what the task was handed (its ``channel`` is empty).
+        context: the task's ``BarrierTaskContext``.
+    """
+
+    def __init__(self, job: TaskJob, context: Any) -> None:
+        super().__init__(job, None)
+        self.context = context
+        self._info: dict[str, Any] | None = None
+        self._logs: dict[int, TextIO] = {}
+        self._log_dir = _log_folder(job)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Keep this task's own hello (the one message the layout needs); drop the rest."""
+        if message.get("type") == protocol.HELLO.name:
+            self._info = message["info"]
+
+    def log(self, rank: int, line: str) -> None:
+        """Append the line to the rank's file under ``log_dir``, when one is set."""
+        if self._log_dir is None:
+            return
+        out = self._logs.get(rank)
+        if out is None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            out = self._logs[rank] = open(  # noqa: SIM115 - closed in close_logs
+                self._log_dir / f"rank-{rank}.log", "a", encoding="utf-8", buffering=1
+            )
+        try:
+            out.write(line.rstrip("\n") + "\n")
+        except (OSError, ValueError):
+            pass
+
+    def close_logs(self) -> None:
+        """Close the ranks' log files."""
+        for out in self._logs.values():
+            out.close()
+        self._logs.clear()
+
+    def listen(self) -> None:
+        """Nothing to listen to: a cancelled job kills this task, and its ranks with it."""
+
+    def wait_for_go(self) -> list[dict[str, Any]] | None:
+        """Every task's info, by index, through Spark's ``allGather``."""
+        gathered = self.context.allGather(json.dumps(self._info))
+        return sorted((json.loads(text) for text in gathered), key=lambda info: info["index"])
+
+    def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
+        """Rank 0's task's values, handed to every task through ``allGather``."""
+        gathered = self.context.allGather(json.dumps(values))
+        found = [json.loads(text) for text in gathered]
+        return next((v for v in found if v is not None), None)
+
+
+def _log_folder(job: TaskJob) -> Path | None:
+    root = job.run_config.log_dir
+    if root is None:
+        return None
+    return Path(root) / job.run_id / f"attempt-{job.attempt}"
+
+
+def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
+    """Body of one barrier task of ``mapInArrow``: yields its records as Arrow batches.
+
+    Raises:
+        RuntimeError: in a detached run, when a rank failed; its message carries the record.
+    """
+    import pyarrow as pa
+
+    from sparktrain.task.entry import run_spark_task
+
+    for _ in batches:
+        pass  # the input only sets the number of tasks
+    if job.channel:
+        records = list(run_spark_task(job, iter(())))
+    else:
+        records = _run_detached(job)
+    rows = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in records]
+    yield pa.RecordBatch.from_pydict({RECORD_COLUMN: pa.array(rows, type=pa.binary())})
+
+
+def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
+    from pyspark import BarrierTaskContext
+
+    from sparktrain.task.entry import run_spark_task
+
+    context = BarrierTaskContext.get()
+    session = DetachedSession(job, context)
+    try:
+        records = list(run_spark_task(job, iter(()), session=session))
+    finally:
+        session.close_logs()
+    failed = [r for r in records if r.get("status") == "failed" and r.get("failure")]
+    if failed:
+        failure = failed[0]["failure"]
+        if WorkerFailure.from_json(failure).follows_peer_loss:
+            # Spark reports the first task error it sees, and this one only followed a peer's
+            # loss: give the peer's own failure time to end the stage (which kills this task)
+            # before offering this one instead.
+            threading.Event().wait(job.run_config.grace_period + PEER_FAILURE_WAIT)
+        encoded = base64.b64encode(json.dumps(failure).encode()).decode()
+        raise RuntimeError(f"a rank failed {FAILURE_MARK}{encoded}{FAILURE_END}")
+    return records
+
+
+def failure_in(text: str) -> dict[str, Any] | None:
+    """The failure record a detached task raised, found in the text of the job's error."""
+    start = text.find(FAILURE_MARK)
+    end = text.find(FAILURE_END, start)
+    if start < 0 or end < 0:
+        return None
+    try:
+        data = json.loads(base64.b64decode(text[start + len(FAILURE_MARK) : end]))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def versions() -> dict[str, str]:
+    """This interpreter's Python minor version and the versions of :data:`PACKAGES`."""
+    from importlib import metadata
+
+    found = {"python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
+def probe_task(address: str, timeout: float, batches: Iterator[Any]) -> Iterator[Any]:
+    """Body of the probe task: this executor's versions, and whether ``address`` answers."""
+    import socket
+
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            reached = "yes"
+    except OSError as exc:
+        reached = f"no: {exc}"
+    found = versions()
+    found["reached"] = reached
+    found["host"] = socket.gethostname()
+    found["pid"] = str(os.getpid())
+    yield pa.RecordBatch.from_pydict({"probe": [json.dumps(found)]})

@@ -1,0 +1,93 @@
+"""SparkRunner and HorovodRunner from a Spark Connect session, against a real Connect server
+whose executors are separate JVMs: results, logs, failures, restarts, timeouts, interrupts."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+
+import pytest
+
+from sparktrain import HorovodRunner, RunTimeoutError, SparkRunner, WorkerFailedError
+from sparktrain.backends.horovod import horovod_torch_library
+from tests.fixtures import hvd_trainers, resumable, trainers
+from tests.helpers import alive, recorded_pids, wait_for_files
+
+pytestmark = pytest.mark.spark
+
+
+def test_ddp_returns_rank0_value_and_streams_logs(connect, capsys):
+    result = SparkRunner(np=2, spark=connect).run(trainers.whoami, tag="c")
+    assert result["RANK"] == "0" and result["WORLD_SIZE"] == "2" and result["tag"] == "c"
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from rank 0 c" in out
+    assert "[rank 1] hello from rank 1 c" in out
+    # Each rank ran in a task of its own executor JVM, not in this process.
+    assert result["pid"] != os.getpid()
+
+
+def test_allreduce_over_gloo(connect):
+    assert SparkRunner(np=2, spark=connect).run(trainers.allreduce_sum) == 3.0
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(
+    horovod_torch_library() is None or importlib.util.find_spec("horovod") is None,
+    reason="horovod.torch is not importable: build it with scripts/install-horovod.sh",
+)
+def test_horovod_gloo(connect, tmp_path):
+    result = HorovodRunner(np=2, spark=connect, launcher="gloo").run(
+        hvd_trainers.train_hvd, learning_rate=0.1, num_epochs=1, checkpoint_dir=str(tmp_path)
+    )
+    assert result["size"] == 2
+
+
+def test_failed_rank_shows_root_cause_and_stops_every_rank(connect, tmp_path):
+    with pytest.raises(WorkerFailedError) as info:
+        SparkRunner(np=2, spark=connect, grace_period=2).run(
+            trainers.fail_on_rank, str(tmp_path), "raise"
+        )
+    message = str(info.value)
+    assert info.value.root_cause.rank == 1
+    assert "raised RuntimeError: injected failure on rank 1" in message
+    assert "Traceback" in message and "about to fail" in message
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+
+
+def test_killed_rank_restarts_and_resumes(connect, tmp_path):
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    logs.mkdir()
+    runner = SparkRunner(np=2, spark=connect, max_restarts=1, grace_period=2)
+    result = runner.run(
+        resumable.resumable, str(ckpt), str(logs), epochs=2, steps_per_epoch=2, kill_at=(1, 1)
+    )
+    assert result == {"steps": 4, "size": 2, "attempt": 1}
+    assert [a.attempt for a in runner.attempts] == [0, 1]
+    assert "SIGKILL" in runner.attempts[0].cause
+
+
+def test_timeout_stops_every_rank(connect, tmp_path):
+    with pytest.raises(RunTimeoutError, match="timeout=15s") as info:
+        SparkRunner(np=2, spark=connect, timeout=15, grace_period=1).run(
+            trainers.block_forever, str(tmp_path)
+        )
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+    assert "in block_forever at trainers.py:" in str(info.value)
+
+
+def test_interrupt_stops_every_rank_and_the_job(connect, tmp_path):
+    def interrupt_when_started():
+        wait_for_files(tmp_path, "*.pid", 2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        SparkRunner(np=2, spark=connect, grace_period=1).run(trainers.block_forever, str(tmp_path))
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+    # The session is usable at once: the job of the run is gone, not queued in front.
+    assert connect.range(3).count() == 3

@@ -1,0 +1,65 @@
+"""A Connect client that the executors cannot reach (a laptop, a remote notebook): the run
+still works through the Spark job alone. Simulated by advertising 255.255.255.255, which a
+TCP connection refuses at once without sending anything."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sparktrain import RunTimeoutError, SparkRunner, WorkerFailedError
+from tests.fixtures import trainers
+from tests.helpers import alive, recorded_pids, wait_gone
+
+pytestmark = pytest.mark.spark
+
+UNREACHABLE = "255.255.255.255"
+
+
+def test_unreachable_client_is_detected_and_the_run_still_returns(connect, tmp_path, caplog):
+    logs = tmp_path / "logs"
+    runner = SparkRunner(np=2, spark=connect, client_address=UNREACHABLE, log_dir=str(logs))
+    with caplog.at_level(logging.WARNING, logger="sparktrain"):
+        result = runner.run(trainers.allreduce_sum)
+    assert result == 3.0
+    assert f"executors cannot reach this client at {UNREACHABLE}" in caplog.text
+    assert "no live output or progress from the ranks" in caplog.text
+
+
+def test_detached_output_goes_to_the_log_dir(connect, tmp_path, capsys):
+    logs = tmp_path / "logs"
+    runner = SparkRunner(np=2, spark=connect, client_reachable=False, log_dir=str(logs))
+    result = runner.run(trainers.whoami, tag="d")
+    assert result["RANK"] == "0" and result["tag"] == "d"
+    assert "[rank 0]" not in capsys.readouterr().out  # no live logs: they are in files
+    (run,) = logs.iterdir()
+    for rank in (0, 1):
+        text = (run / "attempt-0" / f"rank-{rank}.log").read_text()
+        assert f"hello from rank {rank} d" in text
+
+
+def test_detached_failure_brings_back_root_cause_and_output(connect, tmp_path):
+    with pytest.raises(WorkerFailedError) as info:
+        SparkRunner(np=2, spark=connect, client_reachable=False, grace_period=2).run(
+            trainers.fail_on_rank, str(tmp_path), "raise"
+        )
+    message = str(info.value)
+    assert info.value.root_cause.rank == 1
+    assert "raised RuntimeError: injected failure on rank 1" in message
+    assert "Traceback" in message and "fail_on_rank" in message
+    assert "about to fail" in message  # the failed rank's last lines
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+
+
+def test_detached_timeout_stops_every_rank(connect, tmp_path):
+    with pytest.raises(RunTimeoutError, match="timeout=15s"):
+        SparkRunner(np=2, spark=connect, client_reachable=False, timeout=15, grace_period=1).run(
+            trainers.block_forever, str(tmp_path)
+        )
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2
+    # The cancelled tasks' Python workers are killed; their ranks follow them (parent watch).
+
+    wait_gone(pids, timeout=30)
