@@ -203,7 +203,7 @@ def train_on_rank(job: TrainJob) -> dict[str, Any]:
                 loss = _loss(job, loss_fn, trained(features), label)
                 loss.backward()
                 optimizer.step()
-                loss_sum += float(loss) * len(label)
+                loss_sum += float(loss.detach()) * len(label)
                 rows += len(label)
             loss_total, rows_total = ranks.sum([loss_sum, rows])
             record: dict[str, Any] = {"epoch": epoch, "loss": loss_total / max(rows_total, 1)}
