@@ -58,3 +58,57 @@ def test_pipeline_fits_the_digits_transforms_saves_and_loads(spark, tmp_path: Pa
     np.testing.assert_array_equal(
         np.array([row["probability"].toArray() for row in again]), probabilities
     )
+
+
+def test_predict_udf_from_a_checkpoint_builds_once_per_worker_and_never_goes_row_by_row(
+    spark, tmp_path: Path, monkeypatch
+):
+    import os
+
+    import torch
+    from pyspark.sql import functions as F
+
+    from sparktrain.checkpoint import save
+    from sparktrain.inference import predict_udf
+    from tests.fixtures.ml_models import recording_factory
+
+    records = tmp_path / "records"
+    records.mkdir()
+    factory = recording_factory(str(records))
+    trained = factory()
+    with torch.no_grad():
+        trained.linear.weight.mul_(3.0)  # weights that differ from the factory's own
+    monkeypatch.setenv("RANK", "0")
+    save({"model": trained.state_dict()}, str(tmp_path / "ckpt"), step=1)
+    for stale in records.iterdir():  # the driver's own builds and passes
+        stale.unlink()
+
+    frame = spark.range(0, 200, 1, 4).select(
+        F.col("id"), F.array(*[(F.col("id") * (k + 1) / 100).cast("float") for k in range(4)])
+    )
+    frame = frame.toDF("id", "x")
+    run = predict_udf(factory, checkpoint=str(tmp_path / "ckpt"), batch_size=8)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
+    try:
+        first = frame.select("id", run("x").alias("out")).orderBy("id").collect()
+        second = frame.select("id", run("x").alias("out")).orderBy("id").collect()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    x = torch.tensor([[i * (k + 1) / 100 for k in range(4)] for i in range(200)])
+    with torch.no_grad():
+        expected = trained.linear(x).numpy()
+    np.testing.assert_allclose(np.array([r["out"] for r in first]), expected, rtol=1e-5)
+    assert [r["out"] for r in second] == [r["out"] for r in first]
+
+    workers = {p.name.split("-")[1] for p in records.iterdir()} - {str(os.getpid())}
+    assert workers, "no Python worker recorded anything"
+    for pid in workers:
+        # Two jobs, several tasks and batches each: one build per Python worker.
+        assert (records / f"builds-{pid}").read_text().count("built") == 1
+    sizes = [int(s) for pid in workers for s in (records / f"batches-{pid}").read_text().split()]
+    # Each partition of 50 rows arrives as Arrow batches of 16, 16, 16, 2 rows, each cut
+    # into forward passes of at most 8 rows: 7 passes per partition and job.
+    assert sum(sizes) == 2 * 200
+    assert sorted(set(sizes)) == [2, 8]
+    assert len(sizes) == 2 * 4 * 7
