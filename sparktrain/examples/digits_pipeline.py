@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         began = time.monotonic()
         fitted = pipeline.fit(train)
         fit_seconds = time.monotonic() - began
-        history = fitted.stages[-1].history
+        model: Any = fitted.stages[-1]
+        history = model.history
         print_table(
             history,
             [

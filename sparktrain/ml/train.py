@@ -80,9 +80,9 @@ class _Ranks:
         else:
             import torch.distributed as dist
 
-            import sparktrain
+            from sparktrain.worker import context
 
-            dist.init_process_group(sparktrain.default_backend())
+            dist.init_process_group(context.default_backend())
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
 
     def wrap(self, model: Any, optimizer: Any, device: Any) -> tuple[Any, Any]:
@@ -120,9 +120,9 @@ class _Ranks:
 def _device() -> Any:
     import torch
 
-    import sparktrain
+    from sparktrain.worker import context
 
-    if sparktrain.use_gpu() and torch.cuda.is_available():
+    if context.use_gpu() and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -171,8 +171,8 @@ def train_on_rank(job: TrainJob) -> dict[str, Any]:
     """Train ``job`` on this rank; rank 0 returns ``{"state": state_dict, "history": [...]}``."""
     import torch
 
-    import sparktrain
     from sparktrain import checkpoint
+    from sparktrain.worker import context
 
     ranks = _Ranks(job.backend)
     device = _device()
@@ -189,7 +189,7 @@ def train_on_rank(job: TrainJob) -> dict[str, Any]:
             model.load_state_dict(found.state["model"])
             optimizer.load_state_dict(found.state["optimizer"])
             start, history = found.state["epoch"] + 1, list(found.state["history"])
-            sparktrain.log_to_driver(f"resuming at epoch {start} from {found.path}")
+            context.log_to_driver(f"resuming at epoch {start} from {found.path}")
     trained, optimizer = ranks.wrap(model, optimizer, device)
     loss_fn = loss_function(job.loss)
     trained.train()
@@ -211,7 +211,7 @@ def train_on_rank(job: TrainJob) -> dict[str, Any]:
                 record.update(_validate(job, model, device))
             if ranks.rank == 0:
                 history.append(record)
-                sparktrain.report(**record)
+                context.report(**record)
             if job.checkpoint_dir:
                 state = {"epoch": epoch, "history": history}
                 state.update(model=model.state_dict(), optimizer=optimizer.state_dict())
