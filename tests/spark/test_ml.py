@@ -112,3 +112,42 @@ def test_predict_udf_from_a_checkpoint_builds_once_per_worker_and_never_goes_row
     assert sum(sizes) == 2 * 200
     assert sorted(set(sizes)) == [2, 8]
     assert len(sizes) == 2 * 4 * 7
+
+
+@pytest.mark.horovod
+def test_a_regressor_trains_with_horovod_on_the_driver_and_checkpoints(spark, tmp_path: Path):
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is None:
+        pytest.skip("Horovod is not installed: build it with scripts/install-horovod.sh")
+    import torch
+
+    from sparktrain.checkpoint import load_latest
+    from sparktrain.ml import TorchEstimator
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 0.25
+    frame = spark.createDataFrame(
+        [(row.tolist(), float(target)) for row, target in zip(x, y, strict=True)],
+        "features array<double>, label double",
+    )
+    estimator = TorchEstimator(
+        modelFactory=lambda: torch.nn.Linear(3, 1),
+        loss="mse",
+        np=-2,
+        backend="horovod",
+        epochs=30,
+        batchSize=16,
+        learningRate=0.05,
+        checkpointDir=str(tmp_path / "ckpt"),
+    )
+    model = estimator.fit(frame)
+    assert model.getOrDefault("task") == "regression"
+    assert model.history[-1]["loss"] < 0.01 < model.history[0]["loss"]
+    assert load_latest(str(tmp_path / "ckpt")).step == 29
+
+    scored = model.transform(frame.limit(20)).collect()
+    assert "probability" not in scored[0].asDict()
+    error = max(abs(row["prediction"] - row["label"]) for row in scored)
+    assert error < 0.3, error
