@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import cloudpickle
@@ -218,6 +218,12 @@ def _pandas_udf(spec: ModelSpec, ddl: str) -> Any:
     """The same UDF over pandas, for PySpark versions without Arrow UDFs."""
     from pyspark.sql.functions import PandasUDFType, pandas_udf
 
+    return pandas_udf(pandas_predict(spec), ddl, PandasUDFType.SCALAR_ITER)
+
+
+def pandas_predict(spec: ModelSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The body of the pandas iterator UDF: Series of arrays in, Series or DataFrames out."""
+
     def predict(batches: Iterator[Any]) -> Iterator[Any]:
         from sparktrain.inference.predictor import predict_arrow
 
@@ -230,4 +236,4 @@ def _pandas_udf(spec: ModelSpec, ddl: str) -> Any:
             else:
                 yield result.to_pandas()
 
-    return pandas_udf(predict, ddl, PandasUDFType.SCALAR_ITER)
+    return predict

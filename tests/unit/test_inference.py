@@ -166,3 +166,18 @@ def test_a_factory_that_cannot_be_pickled_names_what_it_captured():
 
     with pytest.raises(PayloadError, match="the variable 'lock' captured by build"):
         model_spec(build)
+
+
+def test_the_pandas_udf_for_older_pyspark_gives_the_same_results():
+    import pandas as pd
+
+    from sparktrain.inference.udf import pandas_predict
+
+    model = linear()
+    spec = model_spec(model, task="classification")
+    matrix = np.random.default_rng(2).normal(size=(4, 4)).astype(np.float32)
+    (frame,) = pandas_predict(spec)(iter([pd.Series(list(matrix))]))
+    expected = torch.softmax(model(torch.from_numpy(matrix)), dim=1).detach().numpy()
+    assert list(frame.columns) == ["prediction", "probability"]
+    np.testing.assert_allclose(np.stack(frame["probability"].to_list()), expected, rtol=1e-5)
+    assert frame["prediction"].to_list() == list(expected.argmax(axis=1).astype(float))
