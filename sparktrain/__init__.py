@@ -20,7 +20,10 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 - ``task/``: inside a Spark barrier task, or the local supervisor on the driver: the
   rendezvous, then the launcher that creates the rank processes (``task/mpi/`` for mpirun);
 - ``driver/``: on the driver: the channel, the monitor, the attempts, the Spark stage;
-- ``runner``: :class:`SparkRunner` and :class:`HorovodRunner`; ``cli`` and ``examples`` on top.
+- ``runner``: :class:`SparkRunner` and :class:`HorovodRunner`;
+- ``inference``, ``ml``: batched inference on executors (``predict_udf``) and the Spark ML
+  stages ``TorchEstimator`` / ``TorchModel``, on top of the runner (they import pyspark);
+- ``cli`` and ``examples`` on top.
 """
 
 from sparktrain.errors import (

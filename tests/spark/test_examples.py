@@ -206,3 +206,13 @@ def test_plot_history_takes_lists_and_frames(tmp_path):
         plot_history(history, tmp_path / "x.png", metrics=["loss", "f1"])
     with pytest.raises(ValueError, match="no reports from rank 7"):
         plot_history(history, tmp_path / "x.png", rank=7)
+
+
+@pytest.mark.spark
+def test_digits_pipeline_example_fits_scores_and_reloads(spark, tmp_path):
+    from sparktrain.examples import digits_pipeline
+
+    result = digits_pipeline.main(["--np", "2", "--out-dir", str(tmp_path)])
+    assert result["accuracy"] >= 0.95, result["history"]
+    assert result["same_after_load"] is True
+    assert (tmp_path / "digits-pipeline" / "stages").is_dir()

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("task",),  # inside a Spark task or the local supervisor
     ("driver",),  # on the driver
     ("runner",),  # the public runner
+    ("inference", "ml"),  # Spark ML stages and batched inference, on top of the runner
     ("__init__", "__main__", "cli", "cli_target", "doctor", "doctor_probes", "examples"),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
