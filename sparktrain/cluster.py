@@ -22,6 +22,9 @@ class TaskInfo:
         cpus: CPU cores the task may use.
         pid: process id of the task, for diagnostics.
         ifname: the network interface that carries ``host``, when it could be found.
+        gpu_uuids: the physical identity (UUID) of each of ``gpus``, in the same order, when
+            the task could read it; tells GPUs numbered alike in separate containers apart
+            from one GPU given to two tasks.
     """
 
     index: int
@@ -31,11 +34,13 @@ class TaskInfo:
     cpus: int = 1
     pid: int = 0
     ifname: str | None = None
+    gpu_uuids: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         """Serialize for the hello a task sends the driver (and the driver's "go")."""
         data = dataclasses.asdict(self)
         data["gpus"] = list(self.gpus)
+        data["gpu_uuids"] = list(self.gpu_uuids)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -50,6 +55,7 @@ class TaskInfo:
             cpus=int(data.get("cpus", 1)),
             pid=int(data.get("pid", 0)),
             ifname=data.get("ifname"),
+            gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", ())),
         )
 
 
@@ -151,3 +157,39 @@ def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
             )
     master = ranks[0].task
     return ClusterSpec(ranks=tuple(ranks), master_addr=master.host, master_port=master.port)
+
+
+def shared_gpu_ids(tasks: Sequence[TaskInfo]) -> bool:
+    """Whether two of ``tasks`` (on one host) report the same GPU id: then the ids are not one
+    numbering of the host's GPUs (containers each number their own from 0, or a discovery
+    script numbers per executor), and each rank may see its own task's GPUs only."""
+    seen: set[str] = set()
+    for task in tasks:
+        if seen & set(task.gpus):
+            return True
+        seen |= set(task.gpus)
+    return False
+
+
+def gpu_double_booking(tasks: Sequence[TaskInfo]) -> str | None:
+    """Why the layout gives one physical GPU to two tasks, or None.
+
+    A GPU counts as one when two tasks on a host report the same UUID for it; where the
+    UUIDs could not be read, GPU ids alike on one host are taken as separate GPUs (see
+    :func:`shared_gpu_ids`).
+    """
+    owners: dict[tuple[str, str], tuple[int, str]] = {}
+    for task in tasks:
+        for gpu, uuid in zip(task.gpus, task.gpu_uuids, strict=False):
+            key = (task.host, uuid)
+            if key in owners and owners[key][0] != task.index:
+                first, first_gpu = owners[key]
+                return (
+                    f"tasks {first} and {task.index} on {task.host} were both given the GPU "
+                    f"{uuid} (as GPU {first_gpu} and GPU {gpu}): two ranks cannot share one GPU. "
+                    "Check the executors' GPU discovery script and resources "
+                    "(spark.executor.resource.gpu.amount, spark.task.resource.gpu.amount, "
+                    "spark.worker.resource.gpu.discoveryScript)"
+                )
+            owners.setdefault(key, (task.index, gpu))
+    return None

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from sparktrain import contract
-from sparktrain.cluster import ClusterSpec, RankSpec
+from sparktrain.cluster import ClusterSpec, RankSpec, shared_gpu_ids
 from sparktrain.config import RunConfig
 
 
@@ -57,10 +57,17 @@ def visible_devices(spec: ClusterSpec, rank: RankSpec) -> list[str]:
     both ``cuda:{LOCAL_RANK}`` (DDP tutorials) and ``hvd.local_rank()`` pinning select the GPU
     Spark assigned to this rank's task. A task holding several GPUs contributes all of them;
     its own first GPU is then not at index ``local_rank``, so such layouts pin by
-    ``torch.cuda.current_device()`` (set by the worker) instead.
+    ``torch.cuda.current_device()`` (set by the worker) instead. So do layouts where tasks on
+    one host report the same GPU id (containers that each number their GPUs from 0): each rank
+    then sees its own task's GPUs only, since "0,0" would read as no GPU at all.
     """
+    peers = spec.on_host(rank.task.host)
+    if shared_gpu_ids([peer.task for peer in peers]):
+        # The tasks number their GPUs each on their own (separate containers): a rank sees
+        # its own task's GPUs, as device 0 onwards.
+        return list(rank.task.gpus)
     devices: list[str] = []
-    for peer in spec.on_host(rank.task.host):
+    for peer in peers:
         devices.extend(peer.task.gpus)
     return devices
 

@@ -15,12 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+from sparktrain.cluster import TaskInfo, gpu_double_booking
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
 from sparktrain.errors import (
+    ConfigurationError,
     RendezvousTimeoutError,
     RunTimeoutError,
     SparkTrainError,
@@ -321,6 +323,9 @@ class RunMonitor:
                 # It arrived after the stop went out: it must not start its ranks either.
                 self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
             elif len(self.arrived) == self.n and not self.go_sent:
+                booked = gpu_double_booking([TaskInfo.from_json(i) for i in self.infos.values()])
+                if booked is not None:
+                    return ConfigurationError(booked)
                 # From here on a task may start ranks; before it, none can have.
                 self.go_sent = True
                 self.times["go"] = time.monotonic()

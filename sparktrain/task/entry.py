@@ -25,6 +25,7 @@ from sparktrain.backends.base import Backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.errors import ConfigurationError
 from sparktrain.log import get_logger
+from sparktrain.task.gpus import gpu_uuids
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.result import deliver
@@ -142,6 +143,7 @@ def run_spark_task(
             cpus=int(ctx.cpus()),
             pid=os.getpid(),
             ifname=interface_of(host),
+            gpu_uuids=gpu_uuids(gpus),
         )
         _hello(session, info)
         session.listen()
