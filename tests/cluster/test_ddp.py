@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparktrain import SparkRunner
 from tests.cluster.hosts import DECOY_ADDR, HOST_IF
 from tests.fixtures import cluster_trainers
+
+pytestmark = pytest.mark.cluster
 
 
 def test_ddp_np4_on_two_hosts(cluster, cluster_spark):

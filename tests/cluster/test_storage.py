@@ -8,6 +8,8 @@ from sparktrain import SparkRunner, WorkerFailedError
 from tests.cluster.hosts import HOST_DISK
 from tests.fixtures import cluster_trainers
 
+pytestmark = pytest.mark.cluster
+
 
 def test_a_file_on_a_host_disk_is_seen_on_that_host_only(cluster_spark):
     seen = SparkRunner(np=4).run(cluster_trainers.disk_visibility, path=f"{HOST_DISK}/probe")

@@ -15,6 +15,8 @@ from tests.cluster.standalone import standalone_cluster
 PREFIX = "stdown"
 NET = 2  # apart from the tier's shared cluster, which may be up meanwhile
 
+pytestmark = pytest.mark.cluster
+
 
 def _holders_of_disk(source: str) -> list[int]:
     """Processes whose mount namespace has the host disk ``source`` mounted."""
