@@ -46,6 +46,7 @@ from sparktrain.checkpoint._integrity import Unusable, verify
 from sparktrain.checkpoint._owner import OWNER_FILE as OWNER_FILE  # public, not in __all__
 from sparktrain.checkpoint._owner import RUN_ID_ENV
 from sparktrain.checkpoint._retention import tidy
+from sparktrain.checkpoint._shared import check_shared
 from sparktrain.checkpoint._store import _HashingWriter, _Store
 from sparktrain.checkpoint.layout import marker_name
 from sparktrain.errors import ConfigurationError
@@ -111,6 +112,7 @@ def save(
     keep_last: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     take_over: bool = False,
+    shared: bool = False,
 ) -> str | None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, on rank 0 only.
 
@@ -135,13 +137,17 @@ def save(
             ``{"client_kwargs": {"endpoint_url": url}}``; ignored for local paths.
         take_over: allow this run to take the directory over from a run that claimed it
             before this process started (e.g. continuing the checkpoints of a run that ended).
+        shared: a local ``directory`` is one file system mounted on every host (NFS,
+            ``/dbfs``). Without it a local path is refused when the ranks run on more than
+            one host, since each host would see a different directory.
 
     Returns:
         The path or URL of the checkpoint's data file on rank 0; None on other ranks.
 
     Raises:
-        ConfigurationError: ``step``, ``keep_last`` or ``directory`` is invalid, or fsspec
-            is missing for a URL.
+        ConfigurationError: ``step``, ``keep_last`` or ``directory`` is invalid, fsspec
+            is missing for a URL, or ``directory`` is a local path while the ranks run on
+            several hosts and ``shared`` is not set.
         CheckpointOwnershipError: another live run writes into ``directory``.
         OSError: the storage failed; the previous checkpoint is left as it was.
 
@@ -152,11 +158,12 @@ def save(
     """
     where = _directory(directory)
     _check_save_args(step, keep_last)
+    store = _Store(where, storage_options)
+    check_shared(where, store.fs is None, shared)
     if context.rank() != 0:
         return None
     import torch
 
-    store = _Store(where, storage_options)
     store.makedirs()
     me = _owner.this_process()
     _owner.claim(store, me, take_over)
@@ -193,6 +200,7 @@ def load_latest(
     *,
     weights_only: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    shared: bool = False,
 ) -> Checkpoint | None:
     """Load the newest committed checkpoint of ``directory``, or None when there is none.
 
@@ -207,12 +215,15 @@ def load_latest(
         weights_only: passed to ``torch.load``; False allows arbitrary pickled objects and
             must only be used for checkpoints you trust.
         storage_options: fsspec options for URLs; ignored for local paths.
+        shared: a local ``directory`` is mounted on every host (see :func:`save`).
 
     Returns:
         ``Checkpoint(step, state, path)``, or None when no usable checkpoint exists.
 
     Raises:
-        ConfigurationError: ``directory`` is invalid, or fsspec is missing for a URL.
+        ConfigurationError: ``directory`` is invalid, fsspec is missing for a URL, or
+            ``directory`` is a local path while the ranks run on several hosts and
+            ``shared`` is not set.
         CheckpointError: the newest intact checkpoint cannot be loaded by ``torch.load``
             (e.g. ``weights_only`` or ``map_location`` does not fit it); older ones are not
             tried, since they would almost surely fail the same way.
@@ -223,7 +234,9 @@ def load_latest(
         ...     model.load_state_dict(ckpt.state["model"])
         ...     start = ckpt.step + 1
     """
-    store = _Store(_directory(directory), storage_options)
+    where = _directory(directory)
+    store = _Store(where, storage_options)
+    check_shared(where, store.fs is None, shared)
     for _attempt in range(_ATTEMPTS):
         names = store.names()
         found, skipped = _newest(store, names, map_location, weights_only)

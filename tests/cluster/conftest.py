@@ -1,0 +1,119 @@
+"""The cluster tier: a Spark standalone cluster whose Workers are hosts made of Linux
+namespaces (see tests/cluster/hosts.py), shared by every test of this folder.
+
+2 hosts × 2 executors of 1 core and 512 MiB; each host offers two fake GPUs, one per executor.
+The tier needs root (network namespaces, veth pairs, a bridge, mounts) and skips without it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.standalone import StandaloneCluster, standalone_cluster
+from tests.conftest import spark_test_conf
+
+PREFIX = "stclu"  # namespaces stclu-h1, stclu-h2; bridge stclubr
+NET = 1  # 198.18.1.0/24
+HOSTS = 2
+EXECUTORS_PER_HOST = 2
+GPUS_PER_HOST = 2
+
+
+def missing_requirement() -> str | None:
+    """Why this machine cannot run the tier, or None when it can."""
+    if os.geteuid() != 0:
+        return "the cluster tier makes network namespaces, veth pairs and mounts: run as root"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"the cluster tier needs '{tool}' (iproute2 / util-linux)"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "Java 17+ is needed for Spark tests (install openjdk-17-jre-headless)"
+    return None
+
+
+def cluster_conf(cluster: StandaloneCluster) -> dict[str, str]:
+    """The session's Spark settings: the test defaults, pointed at the namespaced cluster."""
+    conf = {
+        key: value
+        for key, value in spark_test_conf().items()
+        if not key.startswith("spark.worker.")  # each Worker has its own discovery script
+    }
+    conf.update(
+        {
+            "spark.driver.host": cluster.hosts.gateway,
+            "spark.driver.bindAddress": cluster.hosts.gateway,
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "512m",
+            "spark.cores.max": str(HOSTS * EXECUTORS_PER_HOST),
+            "spark.executor.resource.gpu.amount": "1",
+            "spark.task.resource.gpu.amount": "1",
+        }
+    )
+    return conf
+
+
+@pytest.fixture(scope="package")
+def cluster() -> Iterator[StandaloneCluster]:
+    """The started cluster; torn down (and checked to be gone) after the tier's last test."""
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    with standalone_cluster(
+        PREFIX, NET, HOSTS, cores=EXECUTORS_PER_HOST, gpus=GPUS_PER_HOST
+    ) as made:
+        yield made
+
+
+@pytest.fixture(scope="package")
+def cluster_spark(cluster: StandaloneCluster):
+    """A SparkSession on the cluster, with all four executors registered."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:
+        pytest.fail(
+            "a SparkSession of another tier is active; the cluster tier needs its own: run "
+            "tests/cluster before tests/spark (pytest's default order) or on its own"
+        )
+    builder = SparkSession.builder.master(cluster.master_url).appName("sparktrain-cluster")
+    for key, value in cluster_conf(cluster).items():
+        builder = builder.config(key, value)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYSPARK_PYTHON", sys.executable)
+        session = builder.getOrCreate()
+        try:
+            wait_for_executors(session, HOSTS * EXECUTORS_PER_HOST, cluster)
+            yield session
+        finally:
+            session.stop()
+            forget_conf(session, cluster_conf(cluster))
+
+
+def forget_conf(session, conf: dict[str, str]) -> None:
+    """Drop this tier's settings from the JVM, so the next tier's session does not inherit them.
+
+    PySpark starts its JVM with the first session's settings as system properties, and every
+    later SparkConf reads those: a later local-cluster session would try to bind to the
+    bridge's address, gone by then.
+    """
+    system = session.sparkContext._jvm.System
+    for key in [*conf, "spark.master", "spark.app.name"]:
+        system.clearProperty(key)
+
+
+def wait_for_executors(session, count: int, cluster: StandaloneCluster) -> None:
+    """Wait until ``count`` executors have registered with the driver."""
+    deadline = time.monotonic() + 120
+    tracker = session.sparkContext._jsc.sc().statusTracker()
+    while len(tracker.getExecutorInfos()) - 1 < count:  # the driver counts as one
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{count} executors did not register in 120 s:\n{cluster.executor_logs()}"
+            )
+        time.sleep(0.2)

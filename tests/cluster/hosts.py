@@ -1,0 +1,203 @@
+"""Hosts made of Linux namespaces: each has its own network stack, address and private disk.
+
+Layout of one :class:`Hosts` (``net`` is its /24 inside 198.18.0.0/15, reserved for
+benchmarking; nothing outside the namespaces made here is ever given such an address):
+
+    root namespace (driver, Spark master)
+      bridge <prefix>br  198.18.<net>.1/24
+        veth <prefix>h<i> ── eth0 in namespace <prefix>-h<i>   198.18.<net>.<10+i>/24
+    in each host namespace also:
+      lo       up
+      docker0  198.19.0.1/24, up: the same address on every host, as Docker's bridge is, and
+               reaches no other host. Its name sorts before eth0, so code that takes "the first
+               interface" picks it.
+
+A process started with :meth:`Hosts.popen` runs in the host's network namespace and in a mount
+namespace of its own where :data:`HOST_DISK` is a private tmpfs: a path that exists on every
+host with different contents, as a local disk is on a real cluster.
+
+Teardown kills every process inside each namespace (``ip netns pids``), deletes the
+namespaces and the bridge, and :func:`leftovers` says whether anything is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+HOST_DISK = Path("/tmp/sparktrain-host")
+DECOY_IF = "docker0"
+DECOY_PEER = "dockerpeer"
+DECOY_ADDR = "198.19.0.1/24"
+HOST_IF = "eth0"
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:
+    cmd = ["ip", "-n", netns, *args] if netns else ["ip", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def namespaces() -> list[str]:
+    """Every network namespace ``ip netns`` knows."""
+    return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
+
+
+def links() -> list[str]:
+    """Every network interface of the root namespace."""
+    return [line.split()[0].split("@")[0] for line in _ip("-br", "link").splitlines() if line]
+
+
+def netns_pids(name: str) -> list[int]:
+    """The processes running in network namespace ``name``."""
+    out = _ip("netns", "pids", name, check=False)
+    return [int(p) for p in out.split()]
+
+
+def leftovers(prefix: str) -> list[str]:
+    """What of the hosts named ``prefix`` is still there: namespaces, links, processes."""
+    left = [f"netns {n}" for n in namespaces() if n.startswith(prefix)]
+    left += [f"link {n}" for n in links() if n.startswith(prefix)]
+    for ns in (n for n in namespaces() if n.startswith(prefix)):
+        left += [f"pid {p} in {ns}" for p in netns_pids(ns)]
+    return left
+
+
+@dataclasses.dataclass
+class Host:
+    """One host: its namespace, its address on the cluster's network, its interfaces."""
+
+    name: str
+    netns: str
+    address: str
+
+
+class Hosts:
+    """Several hosts on one bridge, made on :meth:`start`, all gone after :meth:`close`.
+
+    Args:
+        prefix: names of the namespaces and links (at most 8 characters: link names are
+            limited to 15).
+        net: third byte of the cluster's /24 in 198.18.0.0/16.
+        count: number of hosts.
+    """
+
+    def __init__(self, prefix: str, net: int, count: int) -> None:
+        if len(prefix) > 8:
+            raise ValueError(f"prefix {prefix!r} is longer than 8 characters")
+        self.prefix = prefix
+        self.bridge = f"{prefix}br"
+        self.gateway = f"198.18.{net}.1"
+        self.hosts = [
+            Host(name=f"h{i}", netns=f"{prefix}-h{i}", address=f"198.18.{net}.{10 + i}")
+            for i in range(1, count + 1)
+        ]
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> Hosts:
+        """Make the bridge and the hosts (undone by :meth:`close` even when this fails)."""
+        HOST_DISK.mkdir(exist_ok=True)
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for host in self.hosts:
+            outer = f"{self.prefix}{host.name}"
+            _ip("netns", "add", host.netns)
+            _ip("link", "add", outer, "type", "veth", "peer", "name", HOST_IF, "netns", host.netns)
+            _ip("link", "set", outer, "master", self.bridge)
+            _ip("link", "set", outer, "up")
+            _ip("link", "set", "lo", "up", netns=host.netns)
+            _ip("addr", "add", f"{host.address}/24", "dev", HOST_IF, netns=host.netns)
+            _ip("link", "set", HOST_IF, "up", netns=host.netns)
+            # A veth pair with both ends in the host: up, with carrier, going nowhere.
+            _ip(
+                "link",
+                "add",
+                DECOY_IF,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                DECOY_PEER,
+                netns=host.netns,
+            )
+            _ip("addr", "add", DECOY_ADDR, "dev", DECOY_IF, netns=host.netns)
+            _ip("link", "set", DECOY_PEER, "up", netns=host.netns)
+            _ip("link", "set", DECOY_IF, "up", netns=host.netns)
+        return self
+
+    def popen(
+        self,
+        host: Host,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` on ``host``: its network namespace, and its own disk at HOST_DISK."""
+        mount = f'mount -t tmpfs -o size=64m sparktrain-{host.name} {HOST_DISK} && exec "$@"'
+        cmd = [
+            *("ip", "netns", "exec", host.netns),
+            *("unshare", "--mount", "--propagation", "private"),
+            *("sh", "-c", mount, "sh", *argv),
+        ]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._procs.append(proc)
+        return proc
+
+    def kill_host(self, host: Host) -> None:
+        """SIGKILL every process on ``host``, as when the machine dies, and wait for them."""
+        deadline = time.monotonic() + 30
+        while pids := netns_pids(host.netns):
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes {pids} on {host.name} survive SIGKILL")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Kill everything on every host, delete the namespaces and the bridge."""
+        errors = []
+        for host in self.hosts:
+            if host.netns in namespaces():
+                try:
+                    self.kill_host(host)
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        present = links()
+        for host in self.hosts:
+            if f"{self.prefix}{host.name}" in present:
+                _ip("link", "del", f"{self.prefix}{host.name}", check=False)
+            if host.netns in namespaces():
+                _ip("netns", "del", host.netns, check=False)
+        if self.bridge in links():
+            _ip("link", "del", self.bridge, check=False)
+        # veth ends die with their namespace; the bridge's ports go with the bridge.
+        try:
+            HOST_DISK.rmdir()
+        except OSError:
+            pass  # not empty (the driver's own use of it) or in use by another cluster
+        # The kernel frees a deleted namespace's links in the background.
+        deadline = time.monotonic() + 10
+        while (left := leftovers(self.prefix)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if errors or left:
+            raise RuntimeError(f"teardown left {left} ({'; '.join(errors)})")
