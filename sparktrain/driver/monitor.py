@@ -18,12 +18,12 @@ from typing import Any, Protocol, TextIO
 from sparktrain.cluster import TaskInfo, gpu_double_booking
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
+from sparktrain.driver.failures import job_failure, rendezvous_timeout
 from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
 from sparktrain.errors import (
     ConfigurationError,
-    RendezvousTimeoutError,
     RunTimeoutError,
     SparkTrainError,
     WorkerFailedError,
@@ -182,7 +182,9 @@ class RunMonitor:
                         and len(self.arrived) < self.n
                         and (now >= rendezvous_deadline)
                     ):
-                        stop_deadline = self._stop(self._rendezvous_timeout(), launch)
+                        stop_deadline = self._stop(
+                            rendezvous_timeout(self.config, self.arrived), launch
+                        )
                     elif run_deadline is not None and now >= run_deadline:
                         run_deadline = None
                         stop_deadline = self._stop(
@@ -367,16 +369,6 @@ class RunMonitor:
                 return WorkerFailedError(self.failures)
         return None
 
-    def _rendezvous_timeout(self) -> RendezvousTimeoutError:
-        missing = sorted(set(range(self.n)) - self.arrived)
-        return RendezvousTimeoutError(
-            f"ranks {missing} never reached the rendezvous within start_timeout="
-            f"{self.config.start_timeout:g}s ({conf_key('start_timeout')}); ranks "
-            f"{sorted(self.arrived)} arrived. Check that the cluster can run {self.n} tasks at "
-            "once and that executors can reach the driver, or raise start_timeout.",
-            missing=missing,
-        )
-
     def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = done.get("records") or []
         self.results.attach(records)
@@ -393,24 +385,8 @@ class RunMonitor:
             raise self.stop_error
         error = done.get("error")
         if error is not None:
-            failure = self._job_failure(error, launch)
+            failure = job_failure(
+                launch.describe_error(error), launch.failed_task(error), self.started, self.infos
+            )
             raise WorkerFailedError({failure.rank: failure}) from error
         return records
-
-    def _job_failure(self, error: BaseException, launch: Launch) -> WorkerFailure:
-        """The failure of a launch that ended in an error of its own (e.g. an executor lost):
-        on the rank of the task it names, with the task's host and executor."""
-        text = launch.describe_error(error)
-        task = launch.failed_task(error)
-        if task is None:
-            return WorkerFailure(rank=-1, phase="lost", time=time.time(), message=text)
-        ranks = [r for r, m in self.started.items() if m.get("index") == task.index]
-        host = str(self.infos.get(task.index, {}).get("host") or task.host)
-        return WorkerFailure(
-            rank=ranks[0] if ranks else task.index,
-            host=host,
-            phase="lost",
-            time=time.time(),
-            message=f"its Spark task {task.index} on executor {task.executor} failed: "
-            + (task.reason or text),
-        )
