@@ -177,7 +177,9 @@ class SparkRunner:
         config = self._resolve(session)
         get_backend(config.backend).check(config)
         if session is not None:
-            check_application(session.sparkContext.getConf(), config)
+            # A Connect session has no SparkContext: its runtime conf answers the same keys.
+            conf = session.conf if is_connect(session) else session.sparkContext.getConf()
+            check_application(conf, config)
         if session is None:
             from sparktrain.task.entry import local_gpus
 
