@@ -196,3 +196,24 @@ def keep_result(data: bytes | bytearray, name: str, folder: str | None = None) -
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def kept_result_name(run_id: str, attempt: int) -> str:
+    """The name :func:`keep_result` gives rank 0's result of ``attempt`` (0-based) of a run."""
+    return f"{run_id}-attempt{attempt + 1}-rank0"
+
+
+def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) -> str:
+    """Keep a result that cannot be returned; the end of the error that says where.
+
+    Args:
+        data: the pickled result.
+        name: see :func:`keep_result`.
+        host: the machine this runs on, when the error is read elsewhere.
+    """
+    on = f" on {host}" if host else ""
+    try:
+        path = keep_result(data, name)
+    except OSError as exc:
+        return f"it could not be kept{on} either ({exc})"
+    return f'it is kept in {path}{on} (pickle.load(open(path, "rb")) reads it back)'

@@ -28,7 +28,7 @@ from sparktrain.errors import (
     WorkerFailedError,
 )
 from sparktrain.log import get_logger
-from sparktrain.payload import keep_result, load_result
+from sparktrain.payload import keep_and_say, load_result
 from sparktrain.task.job import TaskJob
 from sparktrain.wire.address import listen_address
 
@@ -212,15 +212,7 @@ def _rank0_result(records: list[dict[str, Any]], name: str) -> Any:
             except Exception as exc:  # noqa: BLE001 - any unpickling error; re-raised below
                 raise PayloadError(
                     f"rank 0's result arrived but cannot be loaded on the driver "
-                    f"({type(exc).__name__}: {exc}); {_keep(data, name)}. A class or module it "
+                    f"({type(exc).__name__}: {exc}); {keep_and_say(data, name)}. A class or module it "
                     "needs must be importable on the driver too."
                 ) from exc
     raise PayloadError("rank 0's outcome did not reach the driver")
-
-
-def _keep(data: bytes | bytearray, name: str) -> str:
-    try:
-        path = keep_result(data, name)
-    except OSError as exc:
-        return f"it could not be kept either ({exc})"
-    return f'it is kept in {path} (pickle.load(open(path, "rb")) reads it back)'

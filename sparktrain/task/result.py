@@ -11,14 +11,13 @@ a trained result is never lost.
 from __future__ import annotations
 
 import hashlib
-import socket
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sparktrain import wire
 from sparktrain.errors import WorkerFailure
-from sparktrain.payload import keep_result
+from sparktrain.payload import keep_and_say, kept_result_name
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
 
@@ -76,14 +75,7 @@ def _kept(
     """A failed record for a result the driver did not get, kept on this host if possible."""
     job = session.job
     size = f"{len(data) / (1 << 20):.1f} MiB"
-    try:
-        path = keep_result(data, f"{job.run_id}-attempt{job.attempt + 1}-rank0")
-        where = (
-            f"it is kept in {path} on {host or socket.gethostname()} "
-            '(pickle.load(open(path, "rb")) reads it back)'
-        )
-    except OSError as exc:
-        where = f"it could not be kept on {host} either ({exc})"
+    where = keep_and_say(data, kept_result_name(job.run_id, job.attempt), host)
     failure = WorkerFailure(
         rank=record["rank"],
         host=host,

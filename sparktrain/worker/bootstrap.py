@@ -23,7 +23,13 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.errors import PayloadError, SparkTrainError
-from sparktrain.payload import ResultTooLargeError, dump_result, keep_result, load_call
+from sparktrain.payload import (
+    ResultTooLargeError,
+    dump_result,
+    keep_and_say,
+    kept_result_name,
+    load_call,
+)
 from sparktrain.worker import context
 from sparktrain.worker.sparkfiles import expose_spark_files
 
@@ -282,13 +288,6 @@ def _write_result(value: Any, path: str) -> bool:
 
 def _kept(data: bytes) -> str:
     """Keep a result that cannot be returned, and say where (or that it could not be)."""
-    name = f"{os.environ.get(contract.RUN_ID_ENV, 'run')}-attempt"
-    name += f"{int(os.environ.get(contract.ATTEMPT_ENV, '0')) + 1}-rank0"
-    try:
-        path = keep_result(data, name)
-    except OSError as exc:
-        return f"it could not be kept either ({exc})"
-    return (
-        f"the value is kept in {path} on {socket.gethostname()} "
-        '(pickle.load(open(path, "rb")) reads it back)'
-    )
+    run_id = os.environ.get(contract.RUN_ID_ENV, "run")
+    attempt = int(os.environ.get(contract.ATTEMPT_ENV, "0"))
+    return keep_and_say(data, kept_result_name(run_id, attempt), socket.gethostname())

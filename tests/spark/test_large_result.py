@@ -33,7 +33,7 @@ def test_a_result_over_the_limit_is_refused_and_kept_on_its_host(spark, tmp_path
         SparkRunner(np=2, max_result_bytes=MIB).run(trainers.big_result, 2 * MIB)
     text = str(info.value)
     assert "pickles to 2.0 MiB, over the limit of 1.0 MiB" in text
-    kept = text.split("the value is kept in ", 1)[1].split(" on ", 1)[0]
+    kept = text.split("it is kept in ", 1)[1].split(" on ", 1)[0]
     try:
         import pickle
 

@@ -222,7 +222,7 @@ def test_a_result_over_the_limit_is_kept_where_the_error_says(
     record = json.loads(errors.read_text())
     kept = tmpdir_for_kept / "big-attempt1-rank0.pkl"
     assert "pickles to 2.0 MiB, over the limit of 1.0 MiB" in record["message"]
-    assert f"the value is kept in {kept}" in record["message"]
+    assert f"it is kept in {kept}" in record["message"]
     assert pickle.loads(kept.read_bytes()) == value
     assert not (tmp_path / contract.RESULT_FILE).exists()
 
