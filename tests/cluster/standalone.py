@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,6 +151,8 @@ class StandaloneCluster:
             if self._master is not None and self._master.poll() is None:
                 os.killpg(self._master.pid, signal.SIGKILL)
                 self._master.wait(timeout=30)
+            # Logs and Workers' folders: failures have quoted what they needed by now.
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
