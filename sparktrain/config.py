@@ -198,6 +198,14 @@ class RunConfig:
         "true also refuses to run ranks on the driver without one GPU each.",
         unset="auto",
     )
+    warm_start: bool = _setting(
+        True,
+        "warmStart",
+        "bool",
+        "fork each rank from a process of its task's Python worker that already imported "
+        "torch and sparktrain (kept while that worker lives, at most 10 minutes unused); "
+        "false starts every rank in a new interpreter.",
+    )
     max_payload_bytes: int = _setting(
         256 << 20, "maxPayloadBytes", "size", "largest pickled function and arguments."
     )

@@ -21,6 +21,9 @@ PAYLOAD_ENV = "_SPARKTRAIN_PAYLOAD"
 RESULT_ENV = "_SPARKTRAIN_RESULT"
 # Where a rank writes its JSON error record when it fails in Python.
 ERROR_ENV = "_SPARKTRAIN_ERROR"
+# Where a rank that returned writes when it began, called the function, got its value back
+# and had written its result (JSON, wall clock): the run's record shows where time went.
+TIMES_ENV = "_SPARKTRAIN_TIMES"
 # The folder a rank starts in: its task's working directory (under mpirun, which may start
 # ranks elsewhere, the worker changes to it).
 TASK_CWD_ENV = "_SPARKTRAIN_CWD"
@@ -52,6 +55,35 @@ STACK_SIGNAL = signal.SIGUSR1
 # sparktrain's built-in horovod.torch: the worker then puts its shim first on sys.path.
 HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"
 
+# -- warm starts (see sparktrain.worker.zygote) -------------------------------------------------
+# The fd of the Unix socket a zygote serves its owner on, and its idle lifetime in seconds.
+ZYGOTE_FD_ENV = "_SPARKTRAIN_ZYGOTE_FD"
+ZYGOTE_IDLE_ENV = "_SPARKTRAIN_ZYGOTE_IDLE"
+# Variables a rank reads only once its function runs (when CUDA, a process group, NCCL, Gloo
+# or Horovod first start), so a rank forked from a zygote may get them after the fork. Every
+# other variable is read while Python, torch and sparktrain load, and must match the zygote's.
+LATE_VARIABLES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        ATTEMPT_ENV,
+    }
+)
+LATE_PREFIXES = ("_SPARKTRAIN_", "NCCL_", "GLOO_", "HOROVOD_", "TORCHELASTIC_")
+
+
+def late_variable(name: str) -> bool:
+    """Whether a rank reads ``name`` only once its function runs (see LATE_VARIABLES)."""
+    return name in LATE_VARIABLES or name.startswith(LATE_PREFIXES)
+
+
 # -- launcher="mpi" ----------------------------------------------------------------------------
 # A JSON object {global rank: {env var: value}} for the ranks of one host (see rank_table).
 MPI_RANK_TABLE_ENV = "_SPARKTRAIN_MPI_RANKS"
@@ -71,6 +103,11 @@ RESULT_FILE = "result.pkl"
 def error_file_name(rank: int) -> str:
     """The file a rank writes its JSON error record to."""
     return f"error-{rank}.json"
+
+
+def times_file_name(rank: int) -> str:
+    """The file a rank writes its timestamps to (see TIMES_ENV)."""
+    return f"times-{rank}.json"
 
 
 def pid_file_name(rank: int) -> str:

@@ -19,7 +19,7 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
-from sparktrain.driver.record import AttemptRecord, RunRecord
+from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import (
     PayloadError,
@@ -132,6 +132,9 @@ class Attempts:
                 return monitor.watch(_launch(self.session, job, description, self.connect))
             finally:
                 attempt.phases.update(monitor.phases())
+                attempt.breakdown = launch_breakdown(
+                    monitor.rank0_times, attempt.phases.get("training")
+                )
 
 
 def _detached_note(config: RunConfig, job: TaskJob) -> str:

@@ -106,6 +106,8 @@ class RunMonitor:
         # When each milestone was reached (time.monotonic()); see phases().
         self.times: dict[str, float] = {}
         self.results = ResultReceiver(config.max_result_bytes)
+        # When rank 0's launch reached each step, on its host (see task.records.launch_times).
+        self.rank0_times: dict[str, Any] | None = None
 
     def _print(self, text: str) -> None:
         try:
@@ -371,6 +373,7 @@ class RunMonitor:
 
     def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = done.get("records") or []
+        self.rank0_times = next((r.get("times") for r in records if r.get("rank") == 0), None)
         self.results.attach(records)
         for record in records:
             if record.get("status") == "failed" and record.get("failure"):

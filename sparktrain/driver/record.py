@@ -19,6 +19,43 @@ from typing import Any
 
 # The phases of one attempt, in order (see AttemptRecord.phases).
 PHASES = ("capacity_wait", "submit", "rendezvous", "training", "teardown")
+# Where rank 0's part of ``training`` went, in order (see launch_breakdown).
+BREAKDOWN = ("prepare", "start", "load", "function", "result", "return")
+# Each step of BREAKDOWN but the last: from which timestamp of the rank to which.
+_STEPS = (
+    ("prepare", "go", "spawned"),
+    ("start", "spawned", "begun"),
+    ("load", "begun", "called"),
+    ("function", "called", "returned"),
+    ("result", "returned", "written"),
+)
+
+
+def launch_breakdown(
+    times: Mapping[str, Any] | None, training: float | None
+) -> dict[str, float | bool]:
+    """Where rank 0's part of an attempt's ``training`` phase went, in seconds.
+
+    ``prepare``: from the task's "go" to asking for the rank's process (a backend's rendezvous
+    server); ``start``: until the rank's code began (a new interpreter and its imports, or a
+    fork from a warm zygote: ``forked``); ``load``: loading the function and pinning the
+    device; ``function``: the user's function; ``result``: pickling and writing its value;
+    ``return``: the rest of ``training``, the way back to the driver. Durations on one host's
+    clock, so hosts' clocks need not agree.
+
+    Args:
+        times: rank 0's timestamps (see sparktrain.task.records.launch_times), or None.
+        training: the attempt's ``training`` phase, seconds, if it has one.
+    """
+    if not times:
+        return {}
+    spent: dict[str, float | bool] = {"forked": bool(times.get("forked"))}
+    for name, start, end in _STEPS:
+        if times.get(start) is not None and times.get(end) is not None:
+            spent[name] = max(0.0, float(times[end]) - float(times[start]))
+    if training is not None and times.get("go") is not None and times.get("written"):
+        spent["return"] = max(0.0, training - (float(times["written"]) - float(times["go"])))
+    return spent
 
 
 @dataclasses.dataclass
@@ -33,10 +70,13 @@ class AttemptRecord:
             task had confirmed its end). A phase the attempt never reached is absent.
         error: why it failed, or None when it succeeded.
         cause: the first line of ``error``: the root cause.
+        breakdown: where rank 0's part of ``training`` went (see :func:`launch_breakdown`);
+            empty when rank 0 did not return.
     """
 
     attempt: int
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    breakdown: dict[str, float | bool] = dataclasses.field(default_factory=dict)
     error: BaseException | None = None
     cause: str | None = None
 
@@ -92,4 +132,8 @@ class RunRecord:
             spent = ", ".join(f"{p} {a.phases[p]:.2f}s" for p in PHASES if p in a.phases)
             outcome = "ok" if a.error is None else f"failed: {a.cause}"
             lines.append(f"attempt {a.attempt + 1}: {outcome} ({spent})")
+            steps = ", ".join(f"{s} {a.breakdown[s]:.2f}s" for s in BREAKDOWN if s in a.breakdown)
+            if steps:
+                how = "forked warm" if a.breakdown.get("forked") else "new interpreter"
+                lines.append(f"  rank 0 ({how}): {steps}")
         return "\n".join(lines)

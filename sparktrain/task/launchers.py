@@ -29,8 +29,16 @@ from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 from sparktrain.errors import WorkerFailure
 from sparktrain.task.process import STACK_WAIT, RankProcess, dump_all, stop_all
-from sparktrain.task.records import clip, error_file, rank_record, record, with_stack
+from sparktrain.task.records import (
+    clip,
+    error_file,
+    launch_times,
+    rank_record,
+    record,
+    with_stack,
+)
 from sparktrain.task.session import TaskSession
+from sparktrain.task.zygotes import zygote_for
 from sparktrain.wire import protocol
 
 # Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task: called
@@ -112,6 +120,7 @@ def worker_env(
         {
             contract.USE_GPU_ENV: "0" if env.get("CUDA_VISIBLE_DEVICES") == "" else "1",
             contract.ERROR_ENV: str(error_file(workdir, rank.rank)),
+            contract.TIMES_ENV: str(workdir / contract.times_file_name(rank.rank)),
         }
     )
     if rank.rank == 0:
@@ -156,15 +165,20 @@ class ProcessLauncher(RankLauncher):
         shared: Mapping[str, str],
         workdir: Path,
     ) -> RankProcess:
+        asked = time.time()
+        env = worker_env(self.session, spec, rank, backend, shared, workdir)
+        cwd = self.session.cwd
         proc = RankProcess(
             rank.rank,
             [sys.executable, "-m", "sparktrain.worker"],
-            worker_env(self.session, spec, rank, backend, shared, workdir),
-            self.session.cwd,
+            env,
+            cwd,
             on_line=self.session.log,
             on_exit=self.session.on_exit,
             dumps_stacks=True,
+            zygote=zygote_for(env, cwd) if self.config.warm_start else None,
         )
+        proc.spawn_time = asked  # a zygote that had to load first counts in the start
         self.session.started(rank, proc.pid)
         return proc
 
@@ -205,6 +219,9 @@ class ProcessLauncher(RankLauncher):
                 proc.exit_time or time.time(),
                 stopped=proc.stopped_by_supervisor,
                 stack=proc.last_stack,
+            )
+            record["times"] = launch_times(
+                workdir, rank_id, self.session.go_time, proc.spawn_time, proc.forked
             )
             records[rank_id] = record
             if record["status"] == "stopped" and record["failure"]:

@@ -13,10 +13,28 @@ from collections.abc import Callable, Mapping
 from sparktrain import contract
 from sparktrain.stacks import Stack
 from sparktrain.task.stackpipe import StackPipe
+from sparktrain.task.zygotes import ForkedRank, Zygote, ZygoteGone
 
 TAIL_LINES = 100
 # How long a rank gets to dump its stack before it is stopped anyway.
 STACK_WAIT = 3.0
+
+
+def _fork(zygote: Zygote, env: Mapping[str, str], cwd: str, fds: list[int]) -> ForkedRank | None:
+    """The worker forked from ``zygote``, its output on a new pipe; None if the zygote is gone."""
+    out_read, out_write = os.pipe()
+    try:
+        rank = zygote.fork(env, cwd, [out_write, *fds])
+    except ZygoteGone:
+        os.close(out_read)
+        return None
+    except BaseException:
+        os.close(out_read)
+        raise
+    finally:
+        os.close(out_write)
+    rank.stdout = os.fdopen(out_read, "rb")
+    return rank
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -43,6 +61,8 @@ class RankProcess:
         on_exit: called from a waiter thread with the exit code once the process has ended.
         dumps_stacks: the process is a sparktrain worker, which dumps its stack on request
             (see :meth:`dump_stack`); other processes are never sent the dump signal.
+        zygote: fork the worker from this zygote instead of running ``argv`` (which must
+            then be ``python -m sparktrain.worker``); if the zygote has gone, ``argv`` runs.
     """
 
     def __init__(
@@ -54,6 +74,7 @@ class RankProcess:
         on_line: Callable[[int, str], None],
         on_exit: Callable[[int, int], None],
         dumps_stacks: bool = False,
+        zygote: Zygote | None = None,
     ) -> None:
         self.rank = rank
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -72,17 +93,26 @@ class RankProcess:
             stack_read, stack_write = os.pipe()
             child_env[contract.STACK_FD_ENV] = str(stack_write)
             child_fds.append(stack_write)
+        # Whether the worker was forked from a warm zygote (see sparktrain.task.zygotes), and
+        # when it was asked for (wall clock).
+        self.forked = False
+        self.spawn_time = time.time()
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                env=child_env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=tuple(child_fds),
-            )
+            self.proc: subprocess.Popen[bytes] | ForkedRank
+            forked = _fork(zygote, child_env, cwd, child_fds) if zygote is not None else None
+            if forked is not None:
+                self.proc, self.forked = forked, True
+            else:
+                self.proc = subprocess.Popen(
+                    argv,
+                    env=child_env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=tuple(child_fds),
+                )
         except BaseException:
             os.close(self._lifeline)
             if stack_read >= 0:

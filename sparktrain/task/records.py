@@ -199,3 +199,24 @@ def mpi_records(
         )
         records[0] = record(first, "failed", failure=failure)
     return records
+
+
+def launch_times(
+    workdir: Path, rank: int, go: float | None, spawned: float, forked: bool
+) -> dict[str, Any]:
+    """When a rank's launch reached each step (wall clock on its host), for the run's record.
+
+    Args:
+        workdir: where the rank wrote its own timestamps (absent if it did not return).
+        rank: the rank.
+        go: when its task heard that every task had arrived (None: it did not wait for it).
+        spawned: when its process was asked for.
+        forked: whether it was forked from a warm zygote.
+    """
+    times: dict[str, Any] = {"go": go, "spawned": spawned, "forked": forked}
+    path = workdir / contract.times_file_name(rank)
+    try:
+        times.update(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        pass
+    return times

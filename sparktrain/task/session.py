@@ -60,6 +60,8 @@ class TaskSession:
         self._go = threading.Event()
         self._shared = threading.Event()
         self._tasks: list[dict[str, Any]] = []
+        # When the driver's "go" arrived (wall clock); the local supervisor has none to wait for.
+        self.go_time: float | None = None
         self._shared_values: dict[str, str] = {}
         # Set with the driver's answer to a result sent over the channel (or its loss).
         self._saved = threading.Event()
@@ -111,6 +113,7 @@ class TaskSession:
                     kind = protocol.parse(message, protocol.TO_TASK)
                     if kind is protocol.GO:
                         self._tasks = list(message["tasks"])
+                        self.go_time = time.time()
                         self._go.set()
                     elif kind is protocol.SHARED:
                         self._shared_values = dict(message["values"])

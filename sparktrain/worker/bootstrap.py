@@ -7,9 +7,11 @@ code is 0 only when the function returned and, on rank 0, its result was written
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import json
+import logging
 import os
 import signal
 import socket
@@ -19,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from sparktrain import contract
 from sparktrain.errors import PayloadError, SparkTrainError
@@ -214,8 +216,29 @@ def _user_frames(exc: BaseException) -> TracebackType | None:
     return tb.tb_next if tb is not None and tb.tb_next is not None else tb
 
 
+def exit_rank(code: int) -> NoReturn:
+    """End the rank's process with ``code`` once it has written everything it owes the driver.
+
+    The atexit handlers users expect run; interpreter teardown does not: destroying
+    communication objects (gloo's and NCCL's threads) while a peer has already exited can
+    abort the process ("terminate called without an active exception"), turning a finished
+    rank into a crashed one.
+    """
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(code)
+
+
 def main() -> int:
     """Run one rank; returns the process exit code."""
+    times = {"begun": time.time()}
     try:
         _adopt_mpi_rank()
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
@@ -237,6 +260,7 @@ def main() -> int:
         return 1
     try:
         _pin_device()
+        times["called"] = time.time()
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         if exc.code in (None, 0):
@@ -247,9 +271,15 @@ def main() -> int:
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt included
         _report_error("run", exc, _user_frames(exc), user=True)
         return 1
+    times["returned"] = time.time()
     result_path = os.environ.get(contract.RESULT_ENV)
     if result_path and not _write_result(value, result_path):
         return 1
+    times["written"] = time.time()
+    times_path = os.environ.get(contract.TIMES_ENV)
+    if times_path:
+        with contextlib.suppress(OSError):
+            _write_json(times_path, times)
     sys.stdout.flush()
     sys.stderr.flush()
     return 0

@@ -1,0 +1,237 @@
+"""Warm starts: ranks forked from a process that already imported torch and sparktrain.
+
+The first run of a task's Python process starts a zygote (:mod:`sparktrain.worker.zygote`)
+with its ranks' environment, less the variables read only once a rank runs; each rank of
+this and later runs with the same environment is then forked from it, ready in milliseconds
+instead of the seconds a new interpreter spends importing torch. A rank whose environment
+differs on any other variable (another ``OMP_NUM_THREADS``, a new ``PYTHONPATH``) gets a
+zygote of its own.
+
+A zygote lives as long as the process that started it (an executor's Python worker, or the
+driver for ``np < 0``) and no longer than ``ZYGOTE_IDLE`` seconds without work. At most
+:data:`MAX_ZYGOTES` are kept per process; the oldest goes first.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from sparktrain import contract
+from sparktrain.log import get_logger
+from sparktrain.worker.zygote import MAX_MESSAGE
+
+_log = get_logger(__name__)
+
+# Seconds a zygote waits for work before it exits.
+ZYGOTE_IDLE = 600.0
+# Most seconds to wait for a new zygote to load; past that the rank starts cold.
+READY_WAIT = 120.0
+# Zygotes kept per process (one per distinct environment).
+MAX_ZYGOTES = 2
+
+Key = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+class ZygoteGone(OSError):
+    """The zygote ended, or cannot fork: start the rank the usual way."""
+
+
+def import_key(env: Mapping[str, str], cwd: str) -> Key:
+    """What a rank's process depends on while it loads: interpreter, folder, early variables."""
+    early = tuple(sorted((k, v) for k, v in env.items() if not contract.late_variable(k)))
+    return (sys.executable, cwd, early)
+
+
+class ForkedRank:
+    """A rank forked by a zygote, seen like a :class:`subprocess.Popen` by its supervisor.
+
+    The zygote, its parent, reaps it and says how it ended.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdout: IO[bytes] | None = None
+        self._ended = threading.Event()
+
+    def ended(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired([f"pid {self.pid}"], timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+
+
+class Zygote:
+    """One zygote process and the ranks it forked.
+
+    Args:
+        env: the environment of the ranks it is for (the late variables are left out).
+        cwd: their working directory.
+    """
+
+    def __init__(self, env: Mapping[str, str], cwd: str) -> None:
+        self.key = import_key(env, cwd)
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE * 2)
+        early = dict(self.key[2])
+        early[contract.ZYGOTE_FD_ENV] = str(theirs.fileno())
+        early[contract.ZYGOTE_IDLE_ENV] = str(ZYGOTE_IDLE)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sparktrain.worker.zygote"],
+                env=early,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            self._sock.close()
+            raise
+        finally:
+            theirs.close()
+        self.info: dict[str, Any] | None = None
+        self.gone = False
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._ranks: dict[int, ForkedRank] = {}
+        threading.Thread(target=self._read, name="sparktrain-zygote", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = self._sock.recv(MAX_MESSAGE)
+                if not data:
+                    break
+                message = json.loads(data)
+                if "ready" in message:
+                    self.info = message["ready"]
+                    self._ready.set()
+                elif "pid" in message:
+                    rank = self._ranks[message["pid"]] = ForkedRank(message["pid"])
+                    self._replies.put({"rank": rank})
+                elif "exit" in message:
+                    found = self._ranks.pop(message["exit"], None)
+                    if found is not None:
+                        found.ended(int(message["code"]))
+        except (OSError, ValueError):
+            pass
+        self._lost()
+
+    def _lost(self) -> None:
+        """The zygote ended: no exit code will come for its ranks, so they are ended here."""
+        self.gone = True
+        self._ready.set()
+        self._replies.put(None)
+        for pid, rank in list(self._ranks.items()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            rank.ended(-signal.SIGKILL)
+        self._ranks.clear()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            self.proc.wait(timeout=5)
+
+    def usable(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until it has loaded; whether ranks may be forked from it."""
+        if not self._ready.wait(timeout) or self.gone or self.info is None:
+            return False
+        info = self.info
+        if info.get("error") or info.get("cuda_initialized") or info.get("threads", 1) != 1:
+            _log.debug("zygote %d cannot fork ranks: %s", self.proc.pid, info)
+            return False
+        return True
+
+    def fork(self, env: Mapping[str, str], cwd: str, fds: Sequence[int]) -> ForkedRank:
+        """A new rank with ``env`` in ``cwd``, given ``fds``: output, lifeline[, stack pipe].
+
+        Raises:
+            ZygoteGone: the zygote has ended or did not answer.
+        """
+        request = json.dumps({"env": dict(env), "cwd": cwd}).encode()
+        with self._lock:
+            if self.gone:
+                raise ZygoteGone("the zygote has ended")
+            try:
+                socket.send_fds(self._sock, [request], list(fds))
+            except OSError as exc:
+                raise ZygoteGone(f"the zygote cannot be reached: {exc}") from exc
+            try:
+                reply = self._replies.get(timeout=30)
+            except queue.Empty:
+                reply = None
+        if reply is None:
+            raise ZygoteGone("the zygote did not fork")
+        rank: ForkedRank = reply["rank"]
+        return rank
+
+    def close(self) -> None:
+        """Let it go: it exits once it sees its socket closed (its ranks run on)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+
+_zygotes: collections.OrderedDict[Key, Zygote] = collections.OrderedDict()
+_zygotes_lock = threading.Lock()
+# Environments whose zygote could not fork (it failed to load, or loaded CUDA or threads):
+# their ranks start cold without trying again.
+_unusable: set[Key] = set()
+
+
+def zygote_for(env: Mapping[str, str], cwd: str) -> Zygote | None:
+    """A loaded zygote for ranks with ``env`` in ``cwd``, started now if none fits.
+
+    Returns:
+        None when none can be had (it failed to load, or took too long): start cold.
+    """
+    key = import_key(env, cwd)
+    with _zygotes_lock:
+        if key in _unusable:
+            return None
+        zygote = _zygotes.get(key)
+        if zygote is None or zygote.gone:
+            while len(_zygotes) >= MAX_ZYGOTES:
+                _zygotes.popitem(last=False)[1].close()
+            try:
+                zygote = _zygotes[key] = Zygote(env, cwd)
+            except OSError as exc:
+                _log.debug("no zygote: %s", exc)
+                return None
+        _zygotes.move_to_end(key)
+    if zygote.usable(READY_WAIT):
+        return zygote
+    with _zygotes_lock:
+        if _zygotes.get(key) is zygote:
+            del _zygotes[key]
+        if not zygote.gone or zygote.info is not None:
+            _unusable.add(key)  # it loaded, and cannot fork: the same would happen again
+    zygote.close()
+    return None

@@ -1,0 +1,292 @@
+"""Warm starts: ranks forked from a zygote that imported torch behave like fresh workers.
+
+Each test forks real ranks (``python -m sparktrain.worker`` semantics: payload in, record
+out) from a real zygote, and checks what the rank sees and what its supervisor hears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sparktrain import contract
+from sparktrain.payload import dump_call, load_result
+from sparktrain.task import zygotes
+from sparktrain.task.process import RankProcess
+from tests.unit.test_supervise import ROOT, _expect, _lines_of, wait_gone
+
+# Functions pickled by value (like a notebook's), so the ranks need no tests/ package.
+CELL = """
+import os, sys, time
+
+
+def place():
+    loaded_before = "torch" in sys.modules
+    import torch
+    return {
+        "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "cwd": os.getcwd(),
+        "rank": os.environ.get("RANK"), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gloo": os.environ.get("GLOO_SOCKET_IFNAME"), "omp": os.environ.get("OMP_NUM_THREADS"),
+        "threads": torch.get_num_threads(), "torch_loaded_before": loaded_before,
+        "cuda_initialized": torch.cuda.is_initialized(),
+    }
+
+
+def fail():
+    print("about to fail", flush=True)
+    raise ValueError("bad batch")
+
+
+def leave(code):
+    os._exit(code)
+
+
+def nap(seconds):
+    print("napping", flush=True)
+    time.sleep(seconds)
+
+"""
+
+
+def cell(name: str) -> Callable[..., Any]:
+    scope: dict[str, Any] = {"__name__": "sparktrain_test_zygote_cell"}
+    exec(compile(CELL, "<cell>", "exec"), scope)
+    return scope[name]  # type: ignore[no-any-return]
+
+
+class Ranks:
+    """Starts ranks from zygotes and collects what they report."""
+
+    def __init__(self, tmp_path: Path, cwd: Path) -> None:
+        self.tmp = tmp_path
+        self.cwd = str(cwd)
+        self.zygotes: dict[int, zygotes.Zygote] = {}
+        self.procs: list[RankProcess] = []
+        self.exits: dict[int, int] = {}
+        self.lines: dict[int, list[str]] = {}
+        self.exited = threading.Condition()  # also notified on each line
+
+    def _on_line(self, rank: int, line: str) -> None:
+        with self.exited:
+            self.lines.setdefault(rank, []).append(line)
+            self.exited.notify_all()
+
+    def _on_exit(self, rank: int, code: int) -> None:
+        with self.exited:
+            self.exits[rank] = code
+            self.exited.notify_all()
+
+    def env(self, rank: int, **extra: str) -> dict[str, str]:
+        folder = self.tmp / f"rank{rank}"
+        folder.mkdir(exist_ok=True)
+        paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(paths),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(rank),
+            contract.PAYLOAD_ENV: str(folder / "payload.pkl"),
+            contract.ERROR_ENV: str(folder / "error.json"),
+            contract.RESULT_ENV: str(folder / "result.pkl"),
+            contract.GRACE_ENV: "1",
+            **extra,
+        }
+
+    def start(self, rank: int, fn: Callable[..., Any], *args: Any, **env: str) -> RankProcess:
+        full = self.env(rank, **env)
+        Path(full[contract.PAYLOAD_ENV]).write_bytes(dump_call(fn, args, {}, 1 << 20))
+        zygote = zygotes.zygote_for(full, self.cwd)
+        assert zygote is not None, "no usable zygote"
+        self.zygotes[rank] = zygote
+        proc = RankProcess(
+            rank,
+            [sys.executable, "-m", "sparktrain.worker"],
+            full,
+            self.cwd,
+            on_line=self._on_line,
+            on_exit=self._on_exit,
+            dumps_stacks=True,
+            zygote=zygote,
+        )
+        assert proc.forked
+        self.procs.append(proc)
+        return proc
+
+    def exit_code(self, rank: int, timeout: float = 30.0) -> int:
+        with self.exited:
+            assert self.exited.wait_for(lambda: rank in self.exits, timeout), "no exit"
+        return self.exits[rank]
+
+    def result(self, rank: int) -> Any:
+        return load_result((self.tmp / f"rank{rank}" / "result.pkl").read_bytes())
+
+    def error(self, rank: int) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.tmp / f"rank{rank}" / "error.json").read_text())
+        return data
+
+
+@pytest.fixture(scope="module")
+def ranks_cwd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The ranks' folder, the same for every test, so that they share a zygote."""
+    yield tmp_path_factory.mktemp("cwd")
+    with zygotes._zygotes_lock:
+        for zygote in zygotes._zygotes.values():
+            zygote.close()
+            zygote.proc.wait(10)
+        zygotes._zygotes.clear()
+
+
+@pytest.fixture
+def ranks(tmp_path: Path, ranks_cwd: Path) -> Iterator[Ranks]:
+    made = Ranks(tmp_path, ranks_cwd)
+    yield made
+    for proc in made.procs:
+        if proc.proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.join(5)
+
+
+def test_a_forked_rank_gets_its_own_place_and_returns(ranks: Ranks) -> None:
+    first = ranks.start(0, cell("place"), CUDA_VISIBLE_DEVICES="", GLOO_SOCKET_IFNAME="eth9")
+    second = ranks.start(1, cell("place"), CUDA_VISIBLE_DEVICES="1", GLOO_SOCKET_IFNAME="ib0")
+    assert ranks.exit_code(0) == 0 and ranks.exit_code(1) == 0
+    zygote = ranks.zygotes[0]
+    assert ranks.zygotes[1] is zygote
+    got = [ranks.result(0), ranks.result(1)]
+    for proc, seen, rank, cuda, gloo in zip(
+        (first, second), got, ("0", "1"), ("", "1"), ("eth9", "ib0"), strict=True
+    ):
+        # One zygote forked both; each rank leads its own session, in the task's folder.
+        assert seen["pid"] == proc.pid and seen["ppid"] == zygote.proc.pid
+        assert seen["sid"] == proc.pid and seen["cwd"] == ranks.cwd
+        # The late variables are the rank's own, set before its function ran.
+        assert (seen["rank"], seen["cuda"], seen["gloo"]) == (rank, cuda, gloo)
+        assert seen["omp"] == "1" and seen["threads"] == 1
+        assert seen["cuda_initialized"] is False
+    # The rank's process had torch loaded before its function arrived: it was forked warm.
+    assert got[0]["torch_loaded_before"] is True
+
+
+def test_another_early_variable_gets_another_zygote(ranks: Ranks) -> None:
+    ranks.start(0, cell("place"), OMP_NUM_THREADS="1")
+    ranks.start(1, cell("place"), OMP_NUM_THREADS="2")
+    assert ranks.exit_code(0) == 0 and ranks.exit_code(1) == 0
+    one, two = ranks.result(0), ranks.result(1)
+    assert one["ppid"] != two["ppid"]  # two zygotes: OMP_NUM_THREADS is read when torch loads
+    assert (one["omp"], one["threads"]) == ("1", 1)
+    assert (two["omp"], two["threads"]) == ("2", 2)
+
+
+def test_how_a_forked_rank_ended_reaches_its_supervisor(ranks: Ranks) -> None:
+    ranks.start(0, cell("fail"))
+    ranks.start(1, cell("leave"), 7)
+    napper = ranks.start(2, cell("nap"), 60)
+    assert ranks.exit_code(0) == 1
+    error = ranks.error(0)
+    assert (error["exc_type"], error["message"], error["phase"]) == (
+        "ValueError",
+        "bad batch",
+        "run",
+    )
+    assert "about to fail" in ranks.lines[0]
+    assert ranks.exit_code(1) == 7
+    # A stack dump works in a forked rank, then a stop ends its whole session.
+    stack = napper.dump_stack(timeout=10)
+    assert stack is not None and stack.frames[0].name == "nap"
+    os.kill(napper.pid, signal.SIGKILL)
+    assert ranks.exit_code(2) == -signal.SIGKILL
+
+
+def test_a_rank_whose_zygote_dies_is_ended_and_reported(ranks: Ranks) -> None:
+    napper = ranks.start(0, cell("nap"), 60)
+    assert "napping" in _wait_line(ranks, 0, "napping")
+    zygote = ranks.zygotes[0]
+    zygote.proc.send_signal(signal.SIGKILL)
+    assert ranks.exit_code(0) == -signal.SIGKILL
+    assert wait_gone(napper.pid, 5.0)
+    # The next rank gets a new zygote.
+    ranks.start(1, cell("place"))
+    assert ranks.exit_code(1) == 0
+    assert ranks.result(1)["ppid"] != zygote.proc.pid
+
+
+def _wait_line(ranks: Ranks, rank: int, text: str, timeout: float = 30.0) -> str:
+    with ranks.exited:
+        ranks.exited.wait_for(lambda: text in ranks.lines.get(rank, []), timeout)
+    assert text in ranks.lines.get(rank, []), ranks.lines
+    return text
+
+
+def test_an_unused_zygote_exits_by_itself(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zygotes, "ZYGOTE_IDLE", 1.0)
+    ranks.start(0, cell("place"), OMP_NUM_THREADS="3")  # a zygote of its own, made now
+    assert ranks.exit_code(0) == 0
+    assert ranks.zygotes[0].proc.wait(timeout=15) == 0
+
+
+OWNER = r"""
+import os, sys, time
+from sparktrain import contract
+from sparktrain.task import zygotes
+from sparktrain.task.process import RankProcess
+
+payload, workdir = sys.argv[1], sys.argv[2]
+env = dict(os.environ)
+env.update({contract.PAYLOAD_ENV: payload, contract.GRACE_ENV: "1",
+            contract.ERROR_ENV: os.path.join(workdir, contract.error_file_name(0))})
+zygote = zygotes.zygote_for(env, workdir)
+proc = RankProcess(0, [sys.executable, "-m", "sparktrain.worker"], env, workdir,
+                   on_line=lambda rank, line: sys.stdout.write(f"LINE {line}\n"),
+                   on_exit=lambda rank, code: sys.stdout.write(f"EXIT {code}\n"),
+                   zygote=zygote)
+sys.stdout.write(f"RANK {proc.pid} {zygote.proc.pid} {proc.forked}\n")
+sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+def test_zygote_and_rank_die_with_their_owner(tmp_path: Path) -> None:
+    payload = tmp_path / "payload.pkl"
+    payload.write_bytes(dump_call(cell("nap"), (60,), {}, 1 << 20))
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(payload), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
+    pids: list[int] = []
+    try:
+        lines = _lines_of(owner)
+        _, rank_pid, zygote_pid, forked = _expect(lines, "RANK", 60).split()
+        pids = [int(rank_pid), int(zygote_pid)]
+        assert forked == "True"
+        _expect(lines, "LINE napping")
+        assert psutil.Process(pids[0]).ppid() == pids[1]
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(5)
+        # The rank sees its lifeline close (SIGTERM, SIGKILL after the 1 s grace); the zygote
+        # sees its socket close.
+        assert wait_gone(pids[0], 5.0), "the rank outlived its killed owner"
+        assert wait_gone(pids[1], 5.0), "the zygote outlived its killed owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(5)
+        for pid in pids:
+            if not wait_gone(pid, 0.1):
+                os.kill(pid, signal.SIGKILL)
