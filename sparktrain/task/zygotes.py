@@ -1,9 +1,10 @@
 """Warm starts: ranks forked from a process that already imported torch and sparktrain.
 
-The first run of a task's Python process starts a zygote (:mod:`sparktrain.worker.zygote`)
-with its ranks' environment, less the variables read only once a rank runs; each rank of
-this and later runs with the same environment is then forked from it, ready in milliseconds
-instead of the seconds a new interpreter spends importing torch. A rank whose environment
+The first run of a task's Python process starts its ranks cold, as new interpreters, and
+beside them a zygote (:mod:`sparktrain.worker.zygote`) with their environment, less the
+variables read only once a rank runs; each rank of the later runs with the same environment
+is forked from it, ready in milliseconds instead of the seconds a new interpreter spends
+importing torch. A rank whose environment
 differs on any other variable (another ``OMP_NUM_THREADS``, a new ``PYTHONPATH``) gets a
 zygote of its own.
 
@@ -35,8 +36,6 @@ _log = get_logger(__name__)
 
 # Seconds a zygote waits for work before it exits.
 ZYGOTE_IDLE = 600.0
-# Most seconds to wait for a new zygote to load; past that the rank starts cold.
-READY_WAIT = 120.0
 # Zygotes kept per process (one per distinct environment).
 MAX_ZYGOTES = 2
 
@@ -160,9 +159,13 @@ class Zygote:
         with contextlib.suppress(OSError):
             self.proc.wait(timeout=5)
 
-    def usable(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` s) until it has loaded; whether ranks may be forked from it."""
-        if not self._ready.wait(timeout) or self.gone or self.info is None:
+    def loaded(self, timeout: float = 0.0) -> bool:
+        """Whether it has finished loading (or ended), waiting at most ``timeout`` s."""
+        return self._ready.wait(timeout) if timeout > 0 else self._ready.is_set()
+
+    def usable(self) -> bool:
+        """Whether ranks may be forked from it (it has loaded, without CUDA or threads)."""
+        if self.gone or self.info is None:
             return False
         info = self.info
         if info.get("error") or info.get("cuda_initialized") or info.get("threads", 1) != 1:
@@ -206,11 +209,15 @@ _zygotes_lock = threading.Lock()
 _unusable: set[Key] = set()
 
 
-def zygote_for(env: Mapping[str, str], cwd: str) -> Zygote | None:
-    """A loaded zygote for ranks with ``env`` in ``cwd``, started now if none fits.
+def zygote_for(env: Mapping[str, str], cwd: str, wait: float = 0.0) -> Zygote | None:
+    """A loaded zygote for ranks with ``env`` in ``cwd``; one is started if none fits.
+
+    A rank does not wait for a zygote to load (unless ``wait`` says how long it may): the
+    first run of an environment starts its ranks cold while its zygote loads beside them,
+    and the runs after it fork.
 
     Returns:
-        None when none can be had (it failed to load, or took too long): start cold.
+        None when no loaded zygote can be had now: start the rank cold.
     """
     key = import_key(env, cwd)
     with _zygotes_lock:
@@ -226,12 +233,14 @@ def zygote_for(env: Mapping[str, str], cwd: str) -> Zygote | None:
                 _log.debug("no zygote: %s", exc)
                 return None
         _zygotes.move_to_end(key)
-    if zygote.usable(READY_WAIT):
+    if not zygote.loaded(wait):
+        return None  # still loading: it will serve the next run
+    if zygote.usable():
         return zygote
     with _zygotes_lock:
         if _zygotes.get(key) is zygote:
             del _zygotes[key]
-        if not zygote.gone or zygote.info is not None:
+        if zygote.info is not None:
             _unusable.add(key)  # it loaded, and cannot fork: the same would happen again
     zygote.close()
     return None

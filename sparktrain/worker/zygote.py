@@ -96,11 +96,25 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> NoRet
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
+        _fresh_state()
         from sparktrain.worker.bootstrap import exit_rank, main
 
         exit_rank(main())
     finally:
         os._exit(code)
+
+
+def _fresh_state() -> None:
+    """What a new interpreter would have that a fork shares with its zygote.
+
+    ``random`` reseeds itself after a fork; numpy's global generator does not, so every
+    rank (and every run) would draw the same numbers. torch's default generator is seeded
+    with a constant in every new interpreter, and the zygote never used it: it is as fresh.
+    """
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # loaded by the zygote: its global generator is shared
+        numpy_random.seed()
+    sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")]
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:

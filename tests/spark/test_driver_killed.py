@@ -60,6 +60,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
     )
     jvm = 0
     ranks: list[int] = []
+    zygotes: list[int] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -70,13 +71,17 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
         ranks = recorded_pids(pids_dir)
         assert len(alive(ranks)) == 2
         assert list(tmp.glob("sparktrain-*-*-*")), "the run's task folders were not in TMPDIR"
+        zygotes = _zygotes_with_tmpdir(tmp)
+        assert zygotes, "no warm zygote was started beside the ranks"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert _gone_within(ranks, BOUND) == [], f"ranks alive {BOUND:g}s after the driver died"
+        # The warm zygotes the ranks were forked from go with their owners too.
+        assert _gone_within(zygotes, BOUND) == [], "a zygote outlived the driver"
         if jvm:
             assert _gone_within([jvm], BOUND) == [], "the driver's JVM outlived its Python"
     finally:
-        for pid in alive(ranks):
+        for pid in alive(ranks + zygotes):
             os.kill(pid, signal.SIGKILL)
         _kill_group(proc.pid)
         if proc.stdout is not None:
@@ -91,6 +96,19 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
     finally:
         tempfile.tempdir = saved
     assert [p.name for p in tmp.glob("sparktrain-*-*-*") if p.is_dir()] == []
+
+
+def _zygotes_with_tmpdir(tmp: Path) -> list[int]:
+    """The warm zygotes (sparktrain.worker.zygote) started by this test's driver or executors."""
+    found = []
+    for candidate in psutil.process_iter(["cmdline"]):
+        try:
+            if "sparktrain.worker.zygote" in (candidate.info.get("cmdline") or []):
+                if candidate.environ().get("TMPDIR") == str(tmp):
+                    found.append(candidate.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def _kill_group(pgid: int) -> None:

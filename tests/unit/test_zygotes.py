@@ -39,6 +39,7 @@ def place():
         "gloo": os.environ.get("GLOO_SOCKET_IFNAME"), "omp": os.environ.get("OMP_NUM_THREADS"),
         "threads": torch.get_num_threads(), "torch_loaded_before": loaded_before,
         "cuda_initialized": torch.cuda.is_initialized(),
+        "draws": [__import__("random").random(), __import__("numpy").random.random()],
     }
 
 
@@ -106,7 +107,7 @@ class Ranks:
     def start(self, rank: int, fn: Callable[..., Any], *args: Any, **env: str) -> RankProcess:
         full = self.env(rank, **env)
         Path(full[contract.PAYLOAD_ENV]).write_bytes(dump_call(fn, args, {}, 1 << 20))
-        zygote = zygotes.zygote_for(full, self.cwd)
+        zygote = zygotes.zygote_for(full, self.cwd, wait=120)
         assert zygote is not None, "no usable zygote"
         self.zygotes[rank] = zygote
         proc = RankProcess(
@@ -176,6 +177,19 @@ def test_a_forked_rank_gets_its_own_place_and_returns(ranks: Ranks) -> None:
         assert seen["cuda_initialized"] is False
     # The rank's process had torch loaded before its function arrived: it was forked warm.
     assert got[0]["torch_loaded_before"] is True
+    # Like new interpreters, the two ranks draw different numbers from random and numpy.
+    assert got[0]["draws"][0] != got[1]["draws"][0]
+    assert got[0]["draws"][1] != got[1]["draws"][1]
+
+
+def test_the_first_rank_starts_cold_while_its_zygote_loads(ranks: Ranks) -> None:
+    env = ranks.env(0, OMP_NUM_THREADS="4")  # an environment no zygote serves yet
+    assert zygotes.zygote_for(env, ranks.cwd) is None  # no wait: this rank starts cold
+    key = zygotes.import_key(env, ranks.cwd)
+    loading = zygotes._zygotes[key]
+    assert loading.loaded(120)
+    assert zygotes.zygote_for(env, ranks.cwd) is loading  # the next one forks from it
+    loading.close()
 
 
 def test_another_early_variable_gets_another_zygote(ranks: Ranks) -> None:
@@ -245,7 +259,7 @@ payload, workdir = sys.argv[1], sys.argv[2]
 env = dict(os.environ)
 env.update({contract.PAYLOAD_ENV: payload, contract.GRACE_ENV: "1",
             contract.ERROR_ENV: os.path.join(workdir, contract.error_file_name(0))})
-zygote = zygotes.zygote_for(env, workdir)
+zygote = zygotes.zygote_for(env, workdir, wait=120)
 proc = RankProcess(0, [sys.executable, "-m", "sparktrain.worker"], env, workdir,
                    on_line=lambda rank, line: sys.stdout.write(f"LINE {line}\n"),
                    on_exit=lambda rank, code: sys.stdout.write(f"EXIT {code}\n"),
