@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from sparktrain.contract import PLACE_VARIABLES
 from sparktrain.errors import ConfigurationError
 from sparktrain.mpi_args import parse_mpi_args
 
@@ -27,18 +28,7 @@ STALL_ACTIONS = ("warn", "fail")
 HOROVOD_IMPLS = ("horovod", "builtin")
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    }
-)
+RESERVED_ENV = PLACE_VARIABLES
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _SIZE = re.compile(r"^\s*([0-9]+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)

@@ -59,10 +59,8 @@ HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"
 # The fd of the Unix socket a zygote serves its owner on, and its idle lifetime in seconds.
 ZYGOTE_FD_ENV = "_SPARKTRAIN_ZYGOTE_FD"
 ZYGOTE_IDLE_ENV = "_SPARKTRAIN_ZYGOTE_IDLE"
-# Variables a rank reads only once its function runs (when CUDA, a process group, NCCL, Gloo
-# or Horovod first start), so a rank forked from a zygote may get them after the fork. Every
-# other variable is read while Python, torch and sparktrain load, and must match the zygote's.
-LATE_VARIABLES = frozenset(
+# Where a rank is: what torch.distributed's env:// rendezvous and launchers read.
+PLACE_VARIABLES = frozenset(
     {
         "RANK",
         "WORLD_SIZE",
@@ -72,10 +70,12 @@ LATE_VARIABLES = frozenset(
         "GROUP_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-        ATTEMPT_ENV,
     }
 )
+# Variables a rank reads only once its function runs (when CUDA, a process group, NCCL, Gloo
+# or Horovod first start), so a rank forked from a zygote may get them after the fork. Every
+# other variable is read while Python, torch and sparktrain load, and must match the zygote's.
+LATE_VARIABLES = PLACE_VARIABLES | {"CUDA_VISIBLE_DEVICES", ATTEMPT_ENV}
 LATE_PREFIXES = ("_SPARKTRAIN_", "NCCL_", "GLOO_", "HOROVOD_", "TORCHELASTIC_")
 
 

@@ -45,3 +45,17 @@ def test_builtin_horovod_reduces_cuda_tensors() -> None:
     assert seen["summed"] == [1.0, 1.0, 1.0] and seen["summed_device"] == "cuda:0"
     assert seen["gathered"] == [0.0, 0.0]
     assert seen["losses"][-1] < seen["losses"][0]
+
+
+def test_a_rank_forked_warm_uses_its_gpu_over_nccl() -> None:
+    # The zygote loads beside the first runs; once it has, ranks are forked from it and must
+    # still initialise CUDA and NCCL themselves, on the GPU they were given.
+    runner = SparkRunner(np=-1, use_gpu=True)
+    for _ in range(30):  # each run is a real one; the zygote loads meanwhile
+        seen = runner.run(gpu_trainers.ddp_steps)
+        if runner.last_run.attempts[-1].breakdown.get("forked"):
+            break
+    assert runner.last_run.attempts[-1].breakdown.get("forked"), "no run was forked warm"
+    assert seen["backend"] == "nccl"
+    assert seen["device"] == "cuda:0" and seen["param_device"] == "cuda:0"
+    assert seen["losses"][-1] < seen["losses"][0]

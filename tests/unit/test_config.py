@@ -118,6 +118,7 @@ def test_config_imports_nothing_of_sparktrain_but_errors_and_leaves() -> None:
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {name for name in imported if name and name.startswith("sparktrain")} == {
+        "sparktrain.contract",
         "sparktrain.errors",
         "sparktrain.mpi_args",
     }
