@@ -76,9 +76,9 @@ class AttemptRecord:
 
     attempt: int
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
-    breakdown: dict[str, float | bool] = dataclasses.field(default_factory=dict)
     error: BaseException | None = None
     cause: str | None = None
+    breakdown: dict[str, float | bool] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

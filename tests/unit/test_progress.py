@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sparktrain.driver.progress import Progress
-from sparktrain.driver.record import AttemptRecord, RunRecord
+from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
 
 
 def report(rank=0, step=None, epoch=None, **metrics):
@@ -79,6 +79,42 @@ def test_run_record_phases_sum_over_attempts_in_order():
         "attempt 1: failed: lost (submit 1.00s, rendezvous 2.00s)",
         "attempt 2: ok (capacity_wait 0.25s, submit 0.50s, training 4.00s, teardown 1.00s)",
     ]
+
+
+def test_launch_breakdown_splits_rank0s_training_by_step():
+    times = {
+        "go": 100.0,
+        "spawned": 100.01,
+        "begun": 100.03,
+        "called": 100.04,
+        "returned": 101.04,
+        "written": 101.05,
+        "forked": True,
+    }
+    spent = launch_breakdown(times, training=1.25)
+    assert spent.pop("forked") is True
+    assert {k: round(float(v), 3) for k, v in spent.items()} == {
+        "prepare": 0.01,
+        "start": 0.02,
+        "load": 0.01,
+        "function": 1.0,
+        "result": 0.01,
+        "return": 0.2,  # training less go..written: the way back to the driver
+    }
+    # A rank that did not return has no timestamps of its own: only what its task saw.
+    assert launch_breakdown({"go": 1.0, "spawned": 1.5, "forked": False}, 9.0) == {
+        "forked": False,
+        "prepare": 0.5,
+    }
+    assert launch_breakdown(None, 3.0) == {}
+    record = RunRecord()
+    record.attempts.append(
+        AttemptRecord(0, {"training": 1.25}, breakdown=launch_breakdown(times, 1.25))
+    )
+    assert record.describe().splitlines()[1] == (
+        "  rank 0 (forked warm): prepare 0.01s, start 0.02s, load 0.01s, function 1.00s, "
+        "result 0.01s, return 0.20s"
+    )
 
 
 def test_no_report_shows_nothing_and_close_is_idempotent(capsys):
