@@ -36,6 +36,24 @@ def test_returns_rank0_value_and_streams_logs(mode, capsys):
     assert "[rank 1] hello from rank 1 x" in out
 
 
+def test_later_runs_fork_their_ranks_warm_each_in_its_own_place(mode, capsys):
+    cold = SparkRunner(np=ranks(mode, 2), warm_start=False)
+    fresh = cold.run(trainers.whoami, tag="cold")
+    assert cold.last_run.attempts[-1].breakdown["forked"] is False
+    runner = SparkRunner(np=ranks(mode, 2))
+    for _ in range(40):  # real runs, until the zygote that loads beside them is ready
+        warm = runner.run(trainers.whoami, tag="warm")
+        if runner.last_run.attempts[-1].breakdown.get("forked"):
+            break
+    assert runner.last_run.attempts[-1].breakdown.get("forked"), "no run forked its ranks"
+    place = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"]
+    tuning = ["OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME"]
+    assert {k: warm[k] for k in place + tuning} == {k: fresh[k] for k in place + tuning}
+    assert bool(warm["CUDA_VISIBLE_DEVICES"]) == bool(fresh["CUDA_VISIBLE_DEVICES"])
+    assert warm["pid"] != fresh["pid"]
+    assert "[rank 1] hello from rank 1 warm" in capsys.readouterr().out
+
+
 def test_allreduce_over_gloo(mode):
     assert SparkRunner(np=ranks(mode, 2)).run(trainers.allreduce_sum) == 3.0
 
