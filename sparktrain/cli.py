@@ -237,7 +237,7 @@ def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
 
 def _runner_settings(options: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~sparktrain.runner.SparkRunner` settings that the options give."""
-    from sparktrain.config import parse_duration
+    from sparktrain.units import parse_duration
 
     settings: dict[str, Any] = {}
     for name in ("timeout", "start_timeout"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import shlex
 import textwrap
 from collections.abc import Callable, Mapping
@@ -20,6 +19,7 @@ from typing import Any
 from sparktrain.contract import PLACE_VARIABLES
 from sparktrain.errors import ConfigurationError
 from sparktrain.mpi_args import parse_mpi_args
+from sparktrain.units import format_duration, format_size, parse_bool, parse_duration, parse_size
 
 CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
@@ -29,55 +29,6 @@ HOROVOD_IMPLS = ("horovod", "builtin")
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
 RESERVED_ENV = PLACE_VARIABLES
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
-_SIZE = re.compile(r"^\s*([0-9]+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``"120"``, ``"120s"``, ``"500ms"``, ``"5m"`` or ``"1h"``."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (use seconds, or 30s, 5m, 1h)")
-    return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"1048576"``, ``"64k"``, ``"256m"`` or ``"1g"``."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (use bytes, or 64k, 256m, 1g)")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-
-
-def parse_bool(text: str) -> bool:
-    """``true/false``, ``1/0``, ``yes/no``."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r} (use true or false)")
-
-
-def format_duration(seconds: float) -> str:
-    """The text form of a duration that :func:`parse_duration` reads back: ``"120s"``."""
-    if float(seconds).is_integer():
-        return f"{int(seconds)}s"
-    if float(seconds * 1000).is_integer():
-        return f"{int(seconds * 1000)}ms"
-    return f"{seconds}s"
-
-
-def format_size(size: int) -> str:
-    """The text form of a size that :func:`parse_size` reads back: ``"256m"``."""
-    for unit in "tgmk":
-        if size and size % _SIZE_UNITS[unit] == 0:
-            return f"{size // _SIZE_UNITS[unit]}{unit}"
-    return str(size)
-
 
 # kind of setting -> (parser of its text form, writer of its text form)
 _KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {

@@ -9,8 +9,9 @@ instead, and the stacks come with the error.
 
 from __future__ import annotations
 
-from sparktrain.config import RunConfig, conf_key, format_duration
+from sparktrain.config import RunConfig, conf_key
 from sparktrain.errors import RunStalledError
+from sparktrain.units import format_duration
 
 
 class StallWatch:

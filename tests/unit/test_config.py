@@ -22,14 +22,10 @@ from sparktrain.config import (
     RunConfig,
     conf_key,
     env_key,
-    format_duration,
-    format_size,
-    parse_bool,
-    parse_duration,
-    parse_size,
     render_defaults_conf,
 )
 from sparktrain.errors import ConfigurationError, SparkTrainError
+from sparktrain.units import format_duration, format_size, parse_bool, parse_duration, parse_size
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +117,7 @@ def test_config_imports_nothing_of_sparktrain_but_errors_and_leaves() -> None:
         "sparktrain.contract",
         "sparktrain.errors",
         "sparktrain.mpi_args",
+        "sparktrain.units",
     }
     tree = ast.parse((Path(config_module.__file__).parent / "mpi_args.py").read_text("utf-8"))
     assert not any(
