@@ -62,6 +62,21 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
 
 
+def parse_names(value: Any) -> tuple[str, ...]:
+    """A comma list of names (``"eth0,ib0"``, or a list of them) as a tuple; empty when none.
+
+    Raises:
+        ValueError: for something that is not names.
+    """
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"not a comma list of names: {value!r}")
+    names = tuple(item.strip() for item in items if item.strip())
+    if any(char.isspace() for name in names for char in name):
+        raise ValueError(f"a name has a space in it: {value!r}")
+    return names
+
+
 def parse_bool(text: str) -> bool:
     """``true/false``, ``1/0``, ``yes/no``."""
     lowered = text.strip().lower()
@@ -97,6 +112,7 @@ _KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
     "duration": (parse_duration, format_duration),
     "size": (parse_size, format_size),
     "args": (parse_mpi_args, shlex.join),
+    "names": (parse_names, ",".join),
 }
 _UNSET_WORDS = ("", "none", "auto")
 
@@ -231,6 +247,15 @@ class RunConfig:
         "-x NCCL_DEBUG=INFO --bind-to none); never run through a shell.",
         unset="none",
     )
+    nics: tuple[str, ...] | None = _setting(
+        None,
+        "nics",
+        "names",
+        "network interfaces the ranks talk over, in order of preference (e.g. eth0 or "
+        "ib0,eth0); auto probes each host's interfaces and takes one that reaches every other "
+        "host, preferring the one that holds the executor's address.",
+        unset="auto",
+    )
     ignore_ssl: bool = _setting(
         False,
         "ignoreSsl",
@@ -345,6 +370,14 @@ class RunConfig:
                 f"launcher='mpi' ({conf_key('launcher')} mpi) with backend='horovod', or drop them"
             )
         object.__setattr__(self, "extra_mpi_args", mpi_args)
+        if self.nics is not None:
+            try:
+                object.__setattr__(self, "nics", parse_names(self.nics) or None)
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"nics: {exc}; give interface names such as 'eth0' or ['ib0', 'eth0'] "
+                    f"(argument nics=, or {conf_key('nics')} eth0,ib0)"
+                ) from None
         if not isinstance(self.ignore_ssl, bool):
             raise ConfigurationError(f"ignore_ssl must be True or False; got {self.ignore_ssl!r}")
         if self.horovod_impl is not None and self.horovod_impl not in HOROVOD_IMPLS:

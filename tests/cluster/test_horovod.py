@@ -1,0 +1,48 @@
+"""HorovodRunner on two hosts: Horovod's own view of local and cross ranks, over Gloo and
+over mpirun (whose daemon on the other host starts through that host's barrier task)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+
+from sparktrain import HorovodRunner
+from sparktrain.backends.horovod import _links_mpi, horovod_torch_library
+from tests.fixtures import hvd_trainers
+
+_LIBRARY = horovod_torch_library()
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.horovod,
+    pytest.mark.skipif(
+        _LIBRARY is None or importlib.util.find_spec("horovod") is None,
+        reason="horovod.torch is not importable: build it with scripts/install-horovod.sh",
+    ),
+]
+
+
+@pytest.fixture(params=["gloo", "mpi"])
+def launcher(request: pytest.FixtureRequest) -> str:
+    """Horovod's Gloo rendezvous, or mpirun (skipped without Open MPI)."""
+    if request.param == "mpi" and not (
+        _LIBRARY is not None and shutil.which("mpirun") and _links_mpi(_LIBRARY)
+    ):
+        pytest.skip("mpirun and Horovod built with MPI are needed (scripts/install-horovod.sh)")
+    return str(request.param)
+
+
+def test_horovod_local_and_cross_ranks_on_two_hosts(cluster_spark, launcher):
+    places = HorovodRunner(np=4, launcher=launcher).run(hvd_trainers.places)
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    for p in places:
+        assert p["size"] == 4 and p["local_size"] == 2 and p["cross_size"] == 2
+        assert p["local_rank"] == p["env_local_rank"] == p["rank"] % 2
+        assert p["cross_rank"] == p["rank"] // 2  # ranks are numbered host by host
+        # The rank pins the GPU of its own task: the two executors of a host hold 0 and 1.
+        assert p["pinned"] is not None and sorted(p["visible"].split(",")) == ["0", "1"]
+    # Each host's pair of ranks pinned distinct GPUs.
+    assert places[0]["pinned"] != places[1]["pinned"]
+    assert places[2]["pinned"] != places[3]["pinned"]
