@@ -46,3 +46,21 @@ def test_horovod_local_and_cross_ranks_on_two_hosts(cluster_spark, launcher):
     # Each host's pair of ranks pinned distinct GPUs.
     assert places[0]["pinned"] != places[1]["pinned"]
     assert places[2]["pinned"] != places[3]["pinned"]
+
+
+def test_horovod_ranks_talk_over_the_probed_interface(cluster, cluster_spark, launcher):
+    from tests.cluster.hosts import HOST_IF
+    from tests.fixtures import nic_trainers
+
+    reports = HorovodRunner(np=4, launcher=launcher).run(nic_trainers.hvd_interfaces)
+    addresses = {h.address for h in cluster.hosts.hosts}
+    for r in reports:
+        assert r["sum"] == 4.0
+        assert r["GLOO_SOCKET_IFNAME"] == HOST_IF and r["NCCL_SOCKET_IFNAME"] == HOST_IF
+        if launcher == "mpi":
+            # mpirun hands its -mca settings to every rank: TCP stays off the decoy docker0.
+            assert r["OMPI_MCA_btl_tcp_if_include"] == HOST_IF
+            assert r["OMPI_MCA_oob_tcp_if_include"] == HOST_IF
+        else:
+            assert r["HOROVOD_GLOO_IFACE"] == HOST_IF
+            assert r["HOROVOD_GLOO_RENDEZVOUS_ADDR"] in addresses
