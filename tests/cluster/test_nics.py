@@ -49,3 +49,11 @@ def test_nics_that_reaches_no_other_host_is_an_error_at_rendezvous(cluster, clus
         assert f"could not reach {host.address}'s {DECOY_IF}" in message
     assert "spark.sparktrain.nics" in message
     print(f"nics={DECOY_IF} refused after {took:.1f}s (start_timeout 120 s)")
+
+
+def test_nics_that_no_host_has_is_named_before_any_rank_starts(cluster, cluster_spark):
+    with pytest.raises(ConfigurationError) as raised:
+        SparkRunner(np=4, nics="ib0").run(cluster_trainers.ddp_report, steps=1)
+    message = str(raised.value)
+    assert "nics=['ib0']: host 198.18.1." in message and "has no such interface" in message
+    assert f"{DECOY_IF} ({DECOY_ADDR.split('/')[0]}), {HOST_IF} (198.18.1." in message
