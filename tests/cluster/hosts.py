@@ -71,6 +71,7 @@ def leftovers(prefix: str) -> list[str]:
     left += [f"link {n}" for n in links() if n.startswith(prefix)]
     for ns in (n for n in namespaces() if n.startswith(prefix)):
         left += [f"pid {p} in {ns}" for p in netns_pids(ns)]
+    left += [f"file {p}" for p in NETNS_ETC.glob(f"{prefix}-*")]
     return left
 
 
