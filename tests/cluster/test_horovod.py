@@ -64,3 +64,24 @@ def test_horovod_ranks_talk_over_the_probed_interface(cluster, cluster_spark, la
         else:
             assert r["HOROVOD_GLOO_IFACE"] == HOST_IF
             assert r["HOROVOD_GLOO_RENDEZVOUS_ADDR"] in addresses
+
+
+def test_gloo_refuses_a_host_whose_name_resolves_to_loopback(cluster, cluster_spark):
+    from sparktrain.errors import ConfigurationError
+    from tests.cluster.hosts import NETNS_ETC
+
+    host = cluster.hosts.hosts[1]
+    # The host's /etc/hosts (bind-mounted from here): its name on loopback, as Debian writes it.
+    hosts_file = NETNS_ETC / host.netns / "hosts"
+    good = hosts_file.read_text()
+    hosts_file.write_text(f"127.0.0.1 localhost\n127.0.1.1 {host.netns}\n")
+    try:
+        with pytest.raises(ConfigurationError) as raised:
+            HorovodRunner(np=4, launcher="gloo").run(hvd_trainers.places)
+    finally:
+        hosts_file.write_text(good)
+    message = str(raised.value)
+    assert f"Not so on {host.address}: its name resolves to 127.0.1.1." in message
+    assert "launcher='mpi'" in message and "horovod_impl='builtin'" in message
+    # Put back, the host runs Horovod over Gloo again.
+    assert [p["rank"] for p in HorovodRunner(np=4).run(hvd_trainers.places)] == [0, 1, 2, 3]
