@@ -25,6 +25,13 @@ class TaskInfo:
         gpu_uuids: the physical identity (UUID) of each of ``gpus``, in the same order, when
             the task could read it; tells GPUs numbered alike in separate containers apart
             from one GPU given to two tasks.
+        interfaces: this task's network interfaces with their IPv4 addresses (loopback left
+            out), as ``(name, (address, ...))`` sorted by name; what the interface probe tests.
+        probe_port: the port of this task's interface probe listener (0: none).
+        name_address: where this host's own name resolves to here (``gethostname()``, first
+            address that binds), which is where Horovod's Gloo binds some of its sockets
+            whatever interface it is told; ``""`` when it resolves to nothing that binds,
+            None when not asked (only Horovod's Gloo needs it).
     """
 
     index: int
@@ -35,12 +42,20 @@ class TaskInfo:
     pid: int = 0
     ifname: str | None = None
     gpu_uuids: tuple[str, ...] = ()
+    interfaces: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    probe_port: int = 0
+    name_address: str | None = None
+
+    def addresses_of(self, ifname: str) -> tuple[str, ...]:
+        """The IPv4 addresses of interface ``ifname`` on this task's host (none if absent)."""
+        return dict(self.interfaces).get(ifname, ())
 
     def to_json(self) -> str:
         """Serialize for the hello a task sends the driver (and the driver's "go")."""
         data = dataclasses.asdict(self)
         data["gpus"] = list(self.gpus)
         data["gpu_uuids"] = list(self.gpu_uuids)
+        data["interfaces"] = [[name, list(addrs)] for name, addrs in self.interfaces]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -56,6 +71,12 @@ class TaskInfo:
             pid=int(data.get("pid", 0)),
             ifname=data.get("ifname"),
             gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", ())),
+            interfaces=tuple(
+                (str(name), tuple(str(a) for a in addrs))
+                for name, addrs in data.get("interfaces", ())
+            ),
+            probe_port=int(data.get("probe_port", 0)),
+            name_address=data.get("name_address"),
         )
 
 

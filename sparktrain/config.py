@@ -19,7 +19,14 @@ from typing import Any
 from sparktrain.contract import PLACE_VARIABLES
 from sparktrain.errors import ConfigurationError
 from sparktrain.mpi_args import parse_mpi_args
-from sparktrain.units import format_duration, format_size, parse_bool, parse_duration, parse_size
+from sparktrain.units import (
+    format_duration,
+    format_size,
+    parse_bool,
+    parse_duration,
+    parse_names,
+    parse_size,
+)
 
 CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
@@ -38,6 +45,7 @@ _KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
     "duration": (parse_duration, format_duration),
     "size": (parse_size, format_size),
     "args": (parse_mpi_args, shlex.join),
+    "names": (parse_names, ",".join),
 }
 _UNSET_WORDS = ("", "none", "auto")
 
@@ -180,6 +188,15 @@ class RunConfig:
         "-x NCCL_DEBUG=INFO --bind-to none); never run through a shell.",
         unset="none",
     )
+    nics: tuple[str, ...] | None = _setting(
+        None,
+        "nics",
+        "names",
+        "network interfaces the ranks talk over, in order of preference (e.g. eth0 or "
+        "ib0,eth0); auto probes each host's interfaces and takes one that reaches every other "
+        "host, preferring the one that holds the executor's address.",
+        unset="auto",
+    )
     ignore_ssl: bool = _setting(
         False,
         "ignoreSsl",
@@ -294,6 +311,14 @@ class RunConfig:
                 f"launcher='mpi' ({conf_key('launcher')} mpi) with backend='horovod', or drop them"
             )
         object.__setattr__(self, "extra_mpi_args", mpi_args)
+        if self.nics is not None:
+            try:
+                object.__setattr__(self, "nics", parse_names(self.nics) or None)
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"nics: {exc}; give interface names such as 'eth0' or ['ib0', 'eth0'] "
+                    f"(argument nics=, or {conf_key('nics')} eth0,ib0)"
+                ) from None
         if not isinstance(self.ignore_ssl, bool):
             raise ConfigurationError(f"ignore_ssl must be True or False; got {self.ignore_ssl!r}")
         if self.horovod_impl is not None and self.horovod_impl not in HOROVOD_IMPLS:

@@ -7,6 +7,7 @@ Every reader of a setting's text form (RunConfig, the command line) parses with 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _SIZE = re.compile(r"^\s*([0-9]+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
@@ -55,3 +56,18 @@ def format_size(size: int) -> str:
         if size and size % _SIZE_UNITS[unit] == 0:
             return f"{size // _SIZE_UNITS[unit]}{unit}"
     return str(size)
+
+
+def parse_names(value: Any) -> tuple[str, ...]:
+    """A comma list of names (``"eth0,ib0"``, or a list of them) as a tuple; empty when none.
+
+    Raises:
+        ValueError: for something that is not names.
+    """
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"not a comma list of names: {value!r}")
+    names = tuple(item.strip() for item in items if item.strip())
+    if any(char.isspace() for name in names for char in name):
+        raise ValueError(f"a name has a space in it: {value!r}")
+    return names

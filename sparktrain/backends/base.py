@@ -31,6 +31,11 @@ class Backend(abc.ABC):
         """Whether :meth:`prepare` does anything (saves a second barrier round when not)."""
         return False
 
+    def layout_problem(self, spec: ClusterSpec, config: RunConfig) -> str | None:
+        """Why this backend cannot run on ``spec``'s hosts, or None; asked on the driver once
+        every task has arrived, before any rank starts."""
+        return None
+
     def prepare(self, spec: ClusterSpec, config: RunConfig) -> dict[str, str]:
         """Start what the ranks need (e.g. a rendezvous server); return values every rank gets."""
         return {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import ipaddress
 import math
 import mmap
 import shutil
@@ -179,6 +180,39 @@ def builtin_reason(config: RunConfig) -> str | None:
     return None
 
 
+def gloo_name_problem(spec: ClusterSpec) -> str | None:
+    """Why Horovod's Gloo cannot connect these hosts, or None.
+
+    Horovod 0.28.1 creates the Gloo device of its process sets (the global one included, on
+    every ``hvd.init()``) without ``HOROVOD_GLOO_IFACE``: that device binds the first address
+    the host's own name resolves to. Where the name resolves to loopback (``127.0.1.1 host``
+    in /etc/hosts, as Debian writes it) the other hosts are told a loopback address: the
+    first collective aborts with "connect [127.0.0.1]: Connection refused" on some ranks and
+    the others wait in ``hvd.init()``. So such hosts are refused before any rank starts.
+    """
+    if spec.num_nodes < 2:
+        return None  # one host: loopback reaches every rank
+    bad = []
+    for host, _ in spec.hosts():
+        task = spec.on_host(host)[0].task
+        if task.name_address is None:
+            continue  # not reported
+        if not task.name_address:
+            bad.append(f"{host}: its name does not resolve to an address of this host")
+        elif ipaddress.ip_address(task.name_address.split("%")[0]).is_loopback:
+            bad.append(f"{host}: its name resolves to {task.name_address}")
+    if not bad:
+        return None
+    return (
+        "Horovod over Gloo across hosts needs each host's name (hostname) to resolve to an "
+        "address the other hosts reach: Horovod binds its process sets' Gloo connections there "
+        "whatever HOROVOD_GLOO_IFACE says. Not so on " + "; ".join(bad) + ". Map each host's "
+        "name to its address on the cluster network (DNS, or /etc/hosts on each host); or use "
+        "launcher='mpi' (spark.sparktrain.launcher mpi), or horovod_impl='builtin' "
+        "(spark.sparktrain.horovodImpl builtin: sparktrain's horovod.torch on torch.distributed)"
+    )
+
+
 class HorovodBackend(Backend):
     """``hvd.init()`` works with no arguments; ranks meet through Horovod's Gloo rendezvous."""
 
@@ -242,6 +276,13 @@ class HorovodBackend(Backend):
     @property
     def needs_prepare(self) -> bool:
         return True
+
+    def layout_problem(self, spec: ClusterSpec, config: RunConfig) -> str | None:
+        """Hosts whose name resolves to loopback, for Horovod's own Gloo (see
+        :func:`gloo_name_problem`); mpirun and the built-in ``horovod.torch`` do not care."""
+        if config.launcher == "mpi" or builtin_reason(config) is not None:
+            return None
+        return gloo_name_problem(spec)
 
     def prepare(self, spec: ClusterSpec, config: RunConfig) -> dict[str, str]:
         """Start Horovod's HTTP rendezvous server for this spec, where rank 0 runs; or, when

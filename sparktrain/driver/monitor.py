@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
-from sparktrain.cluster import TaskInfo, gpu_double_booking
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
+from sparktrain.driver.layout import InterfaceVote, layout_problem
 from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
@@ -103,6 +103,8 @@ class RunMonitor:
         self.go_sent = False
         # What each task said of itself at rendezvous (a TaskInfo as JSON), by index.
         self.infos: dict[int, dict[str, Any]] = {}
+        # What the tasks' interface probes reached, when the ranks span hosts.
+        self.vote = InterfaceVote(self.n, config.nics)
         # When each milestone was reached (time.monotonic()); see phases().
         self.times: dict[str, float] = {}
         self.results = ResultReceiver(config.max_result_bytes)
@@ -327,15 +329,21 @@ class RunMonitor:
                 # It arrived after the stop went out: it must not start its ranks either.
                 self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
             elif len(self.arrived) == self.n and not self.go_sent:
-                booked = gpu_double_booking([TaskInfo.from_json(i) for i in self.infos.values()])
-                if booked is not None:
-                    return ConfigurationError(booked)
+                problem = layout_problem(list(self.infos.values()), self.config)
+                if problem is not None:
+                    return ConfigurationError(problem)
                 # From here on a task may start ranks; before it, none can have.
                 self.go_sent = True
                 self.times["go"] = time.monotonic()
                 self.stall.start(self.times["go"])
                 tasks = [self.infos[i] for i in range(self.n)]
                 self.server.broadcast(protocol.GO(tasks=tasks), self._connections())
+        elif kind is protocol.PROBED:
+            chosen = self.vote.add(message["index"], message["reached"], self.infos)
+            if chosen is not None and chosen[0] is None:
+                return ConfigurationError(str(chosen[1]))
+            if chosen is not None:
+                self.server.broadcast(protocol.CHOSEN(ifname=chosen[0]), self._connections())
         elif kind is protocol.SHARED:
             # What rank 0's task prepared (e.g. Horovod's rendezvous server), for every task.
             self.server.broadcast(message, self._connections())

@@ -10,7 +10,7 @@ from sparktrain.errors import WorkerFailure
 from sparktrain.wire import protocol
 
 # Kinds whose "index" names a task of the run.
-_INDEXED = (protocol.EXITED, protocol.RESULT_CHUNK, protocol.RESULT_END)
+_INDEXED = (protocol.EXITED, protocol.RESULT_CHUNK, protocol.RESULT_END, protocol.PROBED)
 
 
 def valid(kind: protocol.Kind, message: dict[str, Any], n: int) -> bool:
@@ -21,6 +21,11 @@ def valid(kind: protocol.Kind, message: dict[str, Any], n: int) -> bool:
         except (KeyError, TypeError, ValueError):
             return False
         return 0 <= message["index"] < n and info.index == message["index"]
+    if kind is protocol.PROBED and not all(
+        isinstance(name, str) and isinstance(got, list) and all(isinstance(i, int) for i in got)
+        for name, got in message["reached"].items()
+    ):
+        return False
     if kind in _INDEXED:
         return 0 <= message["index"] < n
     if kind is protocol.SHARED:

@@ -28,6 +28,8 @@ from sparktrain.log import get_logger
 from sparktrain.task.gpus import gpu_uuids
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
+from sparktrain.task.netinfo import interface_addresses, name_address
+from sparktrain.task.probe import ProbeListener, settle_interface
 from sparktrain.task.result import deliver
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
@@ -97,8 +99,11 @@ def _launch(
     tasks: Sequence[int],
     backend: Backend,
     exchange: Exchange,
+    probes: ProbeListener | None = None,
 ) -> list[dict[str, Any]]:
-    """Wait for the driver's word that every task is there, then start the ranks of ``tasks``.
+    """Wait for the driver's word that every task is there, settle the network interface
+    (probing the other hosts, where ``probes`` answers theirs), then start the ranks of
+    ``tasks``.
 
     Returns:
         Their records; none when the run was stopped before they could start.
@@ -107,7 +112,14 @@ def _launch(
     if infos is None:
         return []
     spec = build_cluster_spec([TaskInfo.from_json(info) for info in infos])
-    return launcher.run(spec, tasks, backend, exchange)
+    try:
+        settled = settle_interface(session, spec, spec.for_task(tasks[0]).task, session.config.nics)
+    finally:
+        if probes is not None:
+            probes.close()
+    if settled is None:
+        return []
+    return launcher.run(settled, tasks, backend, exchange)
 
 
 def run_spark_task(
@@ -131,7 +143,10 @@ def run_spark_task(
     # alone when it is this machine's address, else on every interface (the host Spark knows
     # an executor by may be an address this machine does not hold, as behind NAT).
     bind = listen_address(host, "")
-    with _session(job, bind, range(index, index + 1), session) as (session, launcher):
+    with (
+        _session(job, bind, range(index, index + 1), session) as (session, launcher),
+        ProbeListener(job.key, index) as probes,
+    ):
         session.spark_files = spark_files_root()
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
@@ -144,10 +159,13 @@ def run_spark_task(
             pid=os.getpid(),
             ifname=interface_of(host),
             gpu_uuids=gpu_uuids(gpus),
+            interfaces=interface_addresses(),
+            probe_port=probes.port,
+            name_address=name_address(),
         )
         _hello(session, info)
         session.listen()
-        records = _launch(session, launcher, [index], backend, session.exchange)
+        records = _launch(session, launcher, [index], backend, session.exchange, probes)
         yield from deliver(session, records, host)
 
 

@@ -62,6 +62,9 @@ class TaskSession:
         self._tasks: list[dict[str, Any]] = []
         # When the driver's "go" arrived (wall clock); the local supervisor has none to wait for.
         self.go_time: float | None = None
+        # Set when the driver names the interface the ranks talk over (see wait_for_interface).
+        self._chosen = threading.Event()
+        self._ifname: str | None = None
         self._shared_values: dict[str, str] = {}
         # Set with the driver's answer to a result sent over the channel (or its loss).
         self._saved = threading.Event()
@@ -118,6 +121,9 @@ class TaskSession:
                     elif kind is protocol.SHARED:
                         self._shared_values = dict(message["values"])
                         self._shared.set()
+                    elif kind is protocol.CHOSEN:
+                        self._ifname = str(message["ifname"])
+                        self._chosen.set()
                     elif kind is protocol.SHOW_STACKS:
                         self.events.put(("stacks", -1, message["reason"]))
                     elif kind is protocol.RESULT_SAVED:
@@ -131,6 +137,7 @@ class TaskSession:
                     return
             self.aborted.set()
             self._go.set()
+            self._chosen.set()
             self._shared.set()
             self._saved.set()
             self.events.put(("abort", -1, reason))
@@ -153,6 +160,18 @@ class TaskSession:
         if not self._go.is_set() or self.aborted.is_set():
             return None
         return self._tasks
+
+    def wait_for_interface(self) -> str | None:
+        """Block until the driver names the network interface every rank talks over (after
+        every task's probes, see :mod:`sparktrain.task.probe`).
+
+        Returns:
+            Its name, or None when the run was stopped instead.
+        """
+        self._chosen.wait(self.config.start_timeout + self.config.grace_period)
+        if not self._chosen.is_set() or self.aborted.is_set():
+            return None
+        return self._ifname
 
     def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
         """Hand what rank 0's task prepared to every task, through the driver.

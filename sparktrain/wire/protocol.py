@@ -86,10 +86,14 @@ ACTIVE = _kind("active", rank=int)
 # executor's heap must hold whole, and several times over).
 RESULT_CHUNK = _kind("result_chunk", index=int, offset=int, blob=(bytes, memoryview))
 RESULT_END = _kind("result_end", index=int, size=int, sha256=str)
+# What a task's interface probes reached (interface name -> task indices), when the ranks
+# span hosts; the driver answers every task with CHOSEN once all have probed.
+PROBED = _kind("probed", index=int, reached=dict)
 # -- the driver → tasks ----------------------------------------------------------------------
 ABORT = _kind("abort", reason=str)  # stop every rank now
 GO = _kind("go", tasks=list)  # every task has arrived (their infos, by index): start
 SHOW_STACKS = _kind("show_stacks", reason=str)  # send every running rank's STACK
+CHOSEN = _kind("chosen", ifname=str)  # the network interface every rank talks over
 # The driver's answer to RESULT_END: it holds the result (ok), or why not.
 RESULT_SAVED = _kind("result_saved", ok=bool, error=str)
 # both ways: rank 0's task → the driver → every task; what the backend prepared for the ranks
@@ -118,9 +122,10 @@ TO_DRIVER: frozenset[Kind] = frozenset(
         SHARED,
         RESULT_CHUNK,
         RESULT_END,
+        PROBED,
     }
 )
-TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHOW_STACKS, SHARED, RESULT_SAVED})
+TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHOW_STACKS, SHARED, RESULT_SAVED, CHOSEN})
 TO_PEER: frozenset[Kind] = frozenset({RSH, MEMBER, DAEMON_STARTED, HOST_DONE})
 TO_AGENT: frozenset[Kind] = frozenset({RSH_OUTPUT, RSH_EXIT})
 TO_MEMBER: frozenset[Kind] = frozenset({RELEASE})
@@ -145,6 +150,7 @@ __all__ = [
     "ABORT",
     "ACTIVE",
     "AUTH",
+    "CHOSEN",
     "DAEMON_STARTED",
     "EXITED",
     "FAILURE",
@@ -153,6 +159,7 @@ __all__ = [
     "HOST_DONE",
     "LOG",
     "MEMBER",
+    "PROBED",
     "RELEASE",
     "REPORT",
     "RSH",

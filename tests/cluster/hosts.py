@@ -14,7 +14,10 @@ benchmarking; nothing outside the namespaces made here is ever given such an add
 
 A process started with :meth:`Hosts.popen` runs in the host's network namespace and in a mount
 namespace of its own where :data:`HOST_DISK` is a private tmpfs: a path that exists on every
-host with different contents, as a local disk is on a real cluster.
+host with different contents, as a local disk is on a real cluster. It also has the host's own
+name (a UTS namespace: ``<prefix>-h<i>``), which resolves to the host's address through
+``/etc/netns/<namespace>/hosts`` (``ip netns exec`` shows that file as ``/etc/hosts``), as a
+host's name resolves through DNS on a real cluster.
 
 Teardown kills every process inside each namespace (``ip netns pids``), deletes the
 namespaces and the bridge, and :func:`leftovers` says whether anything is left.
@@ -35,6 +38,7 @@ DECOY_IF = "docker0"
 DECOY_PEER = "dockerpeer"
 DECOY_ADDR = "198.19.0.1/24"
 HOST_IF = "eth0"
+NETNS_ETC = Path("/etc/netns")
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:
@@ -67,6 +71,7 @@ def leftovers(prefix: str) -> list[str]:
     left += [f"link {n}" for n in links() if n.startswith(prefix)]
     for ns in (n for n in namespaces() if n.startswith(prefix)):
         left += [f"pid {p} in {ns}" for p in netns_pids(ns)]
+    left += [f"file {p}" for p in NETNS_ETC.glob(f"{prefix}-*")]
     return left
 
 
@@ -131,6 +136,9 @@ class Hosts:
             _ip("addr", "add", DECOY_ADDR, "dev", DECOY_IF, netns=host.netns)
             _ip("link", "set", DECOY_PEER, "up", netns=host.netns)
             _ip("link", "set", DECOY_IF, "up", netns=host.netns)
+            etc = NETNS_ETC / host.netns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} {host.netns}\n")
         return self
 
     def popen(
@@ -141,10 +149,13 @@ class Hosts:
         log: Path,
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` on ``host``: its network namespace, and its own disk at HOST_DISK."""
-        mount = f'mount -t tmpfs -o size=64m sparktrain-{host.name} {HOST_DISK} && exec "$@"'
+        mount = (
+            f"mount -t tmpfs -o size=64m sparktrain-{host.name} {HOST_DISK} && "
+            f'hostname {host.netns} && exec "$@"'
+        )
         cmd = [
             *("ip", "netns", "exec", host.netns),
-            *("unshare", "--mount", "--propagation", "private"),
+            *("unshare", "--mount", "--uts", "--propagation", "private"),
             *("sh", "-c", mount, "sh", *argv),
         ]
         with log.open("ab") as out:
@@ -188,6 +199,12 @@ class Hosts:
                 _ip("link", "del", f"{self.prefix}{host.name}", check=False)
             if host.netns in namespaces():
                 _ip("netns", "del", host.netns, check=False)
+            (NETNS_ETC / host.netns / "hosts").unlink(missing_ok=True)
+            for folder in (NETNS_ETC / host.netns, NETNS_ETC):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass  # not there, or holds another namespace's files
         if self.bridge in links():
             _ip("link", "del", self.bridge, check=False)
         # veth ends die with their namespace; the bridge's ports go with the bridge.

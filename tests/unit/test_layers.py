@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
         "payload",
         "script",
         "mpi_args",
+        "interfaces",
     ),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
     ("worker", "hvdcompat"),  # inside a rank
