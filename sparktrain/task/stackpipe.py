@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 from sparktrain import contract, stacks
 
+# Most seconds to wait for a header the rank may already have written (see request).
+HEADER_WAIT = 0.25
 # What is kept of the pipe's text at most, in characters (a dump of 100 threads of 100
 # frames each fits many times over).
 MAX_KEPT = 4 << 20
@@ -84,6 +86,12 @@ class StackPipe:
             return None
         try:
             with self._cond:
+                # The header may be in the pipe, not yet read by the reader thread: the rank
+                # wrote it before anything else it did (e.g. a line that made us ask).
+                self._cond.wait_for(
+                    lambda: self._header is not None or self._closed,
+                    min(HEADER_WAIT, max(0.0, deadline - time.monotonic())),
+                )
                 if self._header is None or self._closed:
                     return None
                 main, root = self._header
