@@ -15,7 +15,9 @@ class TaskInfo:
     """What one task (or one local slot) knows about itself at rendezvous.
 
     Attributes:
-        index: the task's partition index (0 .. n-1); the local supervisor numbers slots.
+        index: the slot's index (0 .. np-1): the task's partition index when each task runs
+            one rank; the local supervisor numbers its slots; a task that runs k ranks (k GPUs
+            per task) holds slots ``partition * k`` .. ``partition * k + k - 1``.
         host: the address other ranks reach this task's host on.
         port: a free TCP port on that host, offered for the master.
         gpus: GPU addresses Spark assigned to the task (or the local devices), as strings.
@@ -25,6 +27,8 @@ class TaskInfo:
         gpu_uuids: the physical identity (UUID) of each of ``gpus``, in the same order, when
             the task could read it; tells GPUs numbered alike in separate containers apart
             from one GPU given to two tasks.
+        slot: the position of this slot among the slots of its Spark task (0 .. k-1); 0
+            when each task runs one rank.
     """
 
     index: int
@@ -35,6 +39,12 @@ class TaskInfo:
     pid: int = 0
     ifname: str | None = None
     gpu_uuids: tuple[str, ...] = ()
+    slot: int = 0
+
+    @property
+    def first_index(self) -> int:
+        """The index of the first slot of the same Spark task (which speaks for the task)."""
+        return self.index - self.slot
 
     def to_json(self) -> str:
         """Serialize for the hello a task sends the driver (and the driver's "go")."""
@@ -56,6 +66,7 @@ class TaskInfo:
             pid=int(data.get("pid", 0)),
             ifname=data.get("ifname"),
             gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", ())),
+            slot=int(data.get("slot", 0)),
         )
 
 

@@ -1,7 +1,8 @@
 """A task's life: rendezvous, hand the layout to its launcher, return the ranks' records.
 
-The same steps serve a Spark barrier task (one rank per task) and the local supervisor on
-the driver (all ranks of an ``np < 0`` run); only how the TaskInfos are gathered differs. Who
+The same steps serve a Spark barrier task (one rank per task, or one per GPU when a task holds
+several) and the local supervisor on the driver (all ranks of an ``np < 0`` run); only how
+the TaskInfos are gathered differs. Who
 then creates the rank processes is the run's :class:`~sparktrain.task.launchers.RankLauncher`
 (our own supervisor, or mpirun).
 """
@@ -115,6 +116,10 @@ def run_spark_task(
 ) -> Iterator[dict[str, Any]]:
     """Body of one Spark barrier task: runs its rank(s) and yields their records.
 
+    A task that runs k ranks (``job.ranks_per_task``, one per GPU it holds) says hello for
+    k slots, each with one of its GPUs and its share of its cores, and its launcher runs
+    them all, as the local supervisor runs its slots.
+
     Args:
         job: what the task was handed.
         iterator: the partition (unused).
@@ -131,24 +136,42 @@ def run_spark_task(
     # alone when it is this machine's address, else on every interface (the host Spark knows
     # an executor by may be an address this machine does not hold, as behind NAT).
     bind = listen_address(host, "")
-    with _session(job, bind, range(index, index + 1), session) as (session, launcher):
+    k = job.ranks_per_task
+    slots = range(index * k, index * k + k)
+    with _session(job, bind, slots, session) as (session, launcher):
         session.spark_files = spark_files_root()
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
-        info = TaskInfo(
-            index=index,
-            host=host,
-            port=launcher.port(),
-            gpus=gpus,
-            cpus=int(ctx.cpus()),
-            pid=os.getpid(),
-            ifname=interface_of(host),
-            gpu_uuids=gpu_uuids(gpus),
-        )
-        _hello(session, info)
+        uuids = gpu_uuids(gpus)
+        ifname = interface_of(host)
+        for slot, (own, own_uuids) in enumerate(zip(share(gpus, k), share(uuids, k), strict=True)):
+            info = TaskInfo(
+                index=slots[slot],
+                host=host,
+                port=launcher.port() if slot == 0 else 0,
+                gpus=own,
+                cpus=max(1, int(ctx.cpus()) // k),
+                pid=os.getpid(),
+                ifname=ifname,
+                gpu_uuids=own_uuids,
+                slot=slot,
+            )
+            _hello(session, info)
         session.listen()
-        records = _launch(session, launcher, [index], backend, session.exchange)
+        records = _launch(session, launcher, list(slots), backend, session.exchange)
         yield from deliver(session, records, host)
+
+
+def share(items: Sequence[str], k: int) -> list[tuple[str, ...]]:
+    """``items`` (a task's GPUs, or their UUIDs) dealt to its ``k`` slots in order, equally.
+
+    A task given k GPUs gives one to each slot; none (CPU, or UUIDs not read) gives none.
+    """
+    if len(items) < k or len(items) % k:
+        # Spark gives a task exactly k GPUs; anything else is dealt whole to no slot.
+        return [() for _ in range(k)]
+    each = len(items) // k
+    return [tuple(items[i * each : (i + 1) * each]) for i in range(k)]
 
 
 def spark_files_root() -> str | None:
