@@ -39,6 +39,8 @@ RESERVED_ENV = frozenset(
         "MASTER_PORT",
     }
 )
+# Variables private to sparktrain's processes (see sparktrain.contract): not the user's to set.
+PRIVATE_ENV_PREFIX = "_SPARKTRAIN_"
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _SIZE = re.compile(r"^\s*([0-9]+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
@@ -375,6 +377,11 @@ class RunConfig:
                 )
             if key in RESERVED_ENV:
                 raise ConfigurationError(f"env may not set {key}: sparktrain sets it for each rank")
+            if key.startswith(PRIVATE_ENV_PREFIX):
+                raise ConfigurationError(
+                    f"env may not set {key}: variables named {PRIVATE_ENV_PREFIX}* are "
+                    "sparktrain's own, between its processes"
+                )
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
 
     @property

@@ -83,6 +83,8 @@ def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, 
         "NODE_RANK": str(rank.node_rank),
         "GROUP_RANK": str(rank.node_rank),
         "OMP_NUM_THREADS": str(max(1, rank.task.cpus)),
+        contract.HOST_ENV: rank.task.host,
+        contract.RANK0_HOST_ENV: spec.master_addr,
     }
     own_gpus = rank.task.gpus
     if config.use_gpu is False or not own_gpus:
