@@ -2,9 +2,8 @@
 
 The same steps serve a Spark barrier task (one rank per task, or one per GPU when a task holds
 several) and the local supervisor on the driver (all ranks of an ``np < 0`` run); only how
-the TaskInfos are gathered differs. Who
-then creates the rank processes is the run's :class:`~sparktrain.task.launchers.RankLauncher`
-(our own supervisor, or mpirun).
+the TaskInfos are gathered differs. Who then creates the rank processes is the run's
+:class:`~sparktrain.task.launchers.RankLauncher` (our own supervisor, or mpirun).
 """
 
 from __future__ import annotations
