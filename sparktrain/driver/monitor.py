@@ -325,7 +325,9 @@ class RunMonitor:
                 # It arrived after the stop went out: it must not start its ranks either.
                 self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
             elif len(self.arrived) == self.n and not self.go_sent:
-                booked = gpu_double_booking([TaskInfo.from_json(i) for i in self.infos.values()])
+                # By index, not arrival: the message names the tasks in a stable order.
+                infos = [TaskInfo.from_json(self.infos[i]) for i in range(self.n)]
+                booked = gpu_double_booking(infos)
                 if booked is not None:
                     return ConfigurationError(booked)
                 # From here on a task may start ranks; before it, none can have.
