@@ -15,7 +15,9 @@ class TaskInfo:
     """What one task (or one local slot) knows about itself at rendezvous.
 
     Attributes:
-        index: the task's partition index (0 .. n-1); the local supervisor numbers slots.
+        index: the slot's index (0 .. np-1): the task's partition index when each task runs
+            one rank; the local supervisor numbers its slots; a task that runs k ranks (k GPUs
+            per task) holds slots ``partition * k`` .. ``partition * k + k - 1``.
         host: the address other ranks reach this task's host on.
         port: a free TCP port on that host, offered for the master.
         gpus: GPU addresses Spark assigned to the task (or the local devices), as strings.
@@ -32,6 +34,8 @@ class TaskInfo:
             address that binds), which is where Horovod's Gloo binds some of its sockets
             whatever interface it is told; ``""`` when it resolves to nothing that binds,
             None when not asked (only Horovod's Gloo needs it).
+        slot: the position of this slot among the slots of its Spark task (0 .. k-1); 0
+            when each task runs one rank.
     """
 
     index: int
@@ -49,6 +53,13 @@ class TaskInfo:
     def addresses_of(self, ifname: str) -> tuple[str, ...]:
         """The IPv4 addresses of interface ``ifname`` on this task's host (none if absent)."""
         return dict(self.interfaces).get(ifname, ())
+
+    slot: int = 0
+
+    @property
+    def first_index(self) -> int:
+        """The index of the first slot of the same Spark task (which speaks for the task)."""
+        return self.index - self.slot
 
     def to_json(self) -> str:
         """Serialize for the hello a task sends the driver (and the driver's "go")."""
@@ -77,6 +88,7 @@ class TaskInfo:
             ),
             probe_port=int(data.get("probe_port", 0)),
             name_address=data.get("name_address"),
+            slot=int(data.get("slot", 0)),
         )
 
 

@@ -36,6 +36,9 @@ HOROVOD_IMPLS = ("horovod", "builtin")
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
 RESERVED_ENV = PLACE_VARIABLES
+# Variables private to sparktrain's processes (see sparktrain.contract): not the user's to set.
+PRIVATE_ENV_PREFIX = "_SPARKTRAIN_"
+
 
 # kind of setting -> (parser of its text form, writer of its text form)
 _KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
@@ -349,6 +352,11 @@ class RunConfig:
                 )
             if key in RESERVED_ENV:
                 raise ConfigurationError(f"env may not set {key}: sparktrain sets it for each rank")
+            if key.startswith(PRIVATE_ENV_PREFIX):
+                raise ConfigurationError(
+                    f"env may not set {key}: variables named {PRIVATE_ENV_PREFIX}* are "
+                    "sparktrain's own, between its processes"
+                )
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
 
     @property

@@ -36,6 +36,12 @@ MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
 DEVICE_INDEX_ENV = "_SPARKTRAIN_DEVICE_INDEX"
 # "0" when the rank must not use CUDA (no GPU assigned, or use_gpu=False).
 USE_GPU_ENV = "_SPARKTRAIN_USE_GPU"
+# The address of the rank's host, and of rank 0's, as the tasks gave them at rendezvous.
+HOST_ENV = "_SPARKTRAIN_HOST"
+RANK0_HOST_ENV = "_SPARKTRAIN_RANK0_HOST"
+# The run's start_timeout: how long a rank waits for its peers where they meet on their own
+# (a directory declared shared, see sparktrain.worker.shared_paths).
+START_TIMEOUT_ENV = "_SPARKTRAIN_START_TIMEOUT"
 # The read end of the supervisor's lifeline pipe: EOF means the supervisor is gone.
 PARENT_FD_ENV = "_SPARKTRAIN_PARENT_FD"
 # Seconds between SIGTERM and SIGKILL when a process group is stopped.

@@ -15,7 +15,7 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect import is_connect, sparktrain_conf
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
 from sparktrain.driver.interrupt import plain_ctrl_c
-from sparktrain.driver.preflight import check_application
+from sparktrain.driver.preflight import check_application, ranks_per_task
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
@@ -29,7 +29,8 @@ class SparkRunner:
     """Runs a training function on ``np`` ranks and returns rank 0's return value.
 
     ``np > 0`` runs one rank per Spark barrier task on the executors of the active (or given)
-    SparkSession. ``np < 0`` runs ``-np`` ranks as subprocesses of the driver, without Spark.
+    SparkSession; with ``spark.task.resource.gpu.amount=k`` each task holds k GPUs and runs
+    k ranks, one per GPU (np must then be a multiple of k). ``np < 0`` runs ``-np`` ranks as subprocesses of the driver, without Spark.
     Every rank gets the ``env://`` variables (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, …), so
     ``torch.distributed.init_process_group(sparktrain.default_backend())`` needs no arguments.
 
@@ -176,10 +177,12 @@ class SparkRunner:
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
         get_backend(config.backend).check(config)
+        per_task = 1
         if session is not None:
             # A Connect session has no SparkContext: its runtime conf answers the same keys.
             conf = session.conf if is_connect(session) else session.sparkContext.getConf()
             check_application(conf, config)
+            per_task = ranks_per_task(conf, config)
         if session is None:
             from sparktrain.task.entry import local_gpus
 
@@ -189,7 +192,8 @@ class SparkRunner:
         if session is not None and is_connect(session):
             plan = self._connect_plans.get(session.session_id)
             if plan is None:
-                plan = self._connect_plans[session.session_id] = plan_connect(session, config)
+                plan = plan_connect(session, config, per_task)
+                self._connect_plans[session.session_id] = plan
         hook = None
         if self._pre_rendezvous_hook is not None:
             import cloudpickle
@@ -210,6 +214,7 @@ class SparkRunner:
             key=b"",
             payload=payload,
             hook=hook,
+            ranks_per_task=per_task,
         )
         attempts = Attempts(
             session, config, job, name, record, progress, tracker, self._channel_hook, plan

@@ -60,17 +60,18 @@ def visible_devices(spec: ClusterSpec, rank: RankSpec) -> list[str]:
 
     Every rank on a host sees the GPUs of all ranks on that host, ordered by local rank, so
     both ``cuda:{LOCAL_RANK}`` (DDP tutorials) and ``hvd.local_rank()`` pinning select the GPU
-    Spark assigned to this rank's task. A task holding several GPUs contributes all of them;
-    its own first GPU is then not at index ``local_rank``, so such layouts pin by
-    ``torch.cuda.current_device()`` (set by the worker) instead. So do layouts where tasks on
-    one host report the same GPU id (containers that each number their GPUs from 0): each rank
-    then sees its own task's GPUs only, since "0,0" would read as no GPU at all.
+    Spark assigned to this rank. A task that holds k GPUs runs k ranks, one per GPU, each a
+    slot of its own here, so the same holds for it. Where tasks on one host report the same
+    GPU id (containers that each number their GPUs from 0), each rank sees its own task's
+    GPUs only, in slot order, since "0,0" would read as no GPU at all; such layouts pin by
+    ``torch.cuda.current_device()`` (set by the worker) instead.
     """
     peers = spec.on_host(rank.task.host)
     if shared_gpu_ids([peer.task for peer in peers]):
         # The tasks number their GPUs each on their own (separate containers): a rank sees
-        # its own task's GPUs, as device 0 onwards.
-        return list(rank.task.gpus)
+        # the GPUs of its own Spark task, as device 0 onwards.
+        mine = [p for p in peers if p.task.first_index == rank.task.first_index]
+        return [gpu for peer in sorted(mine, key=lambda p: p.task.slot) for gpu in peer.task.gpus]
     devices: list[str] = []
     for peer in peers:
         devices.extend(peer.task.gpus)
@@ -87,13 +88,16 @@ def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, 
         "NODE_RANK": str(rank.node_rank),
         "GROUP_RANK": str(rank.node_rank),
         "OMP_NUM_THREADS": str(max(1, rank.task.cpus)),
+        contract.HOST_ENV: rank.task.host,
+        contract.RANK0_HOST_ENV: spec.master_addr,
     }
     own_gpus = rank.task.gpus
     if config.use_gpu is False or not own_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(spec, rank))
-        env[contract.DEVICE_INDEX_ENV] = str(visible_devices(spec, rank).index(own_gpus[0]))
+        visible = visible_devices(spec, rank)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        env[contract.DEVICE_INDEX_ENV] = str(visible.index(own_gpus[0]))
     return env
 
 

@@ -139,7 +139,10 @@ def save(
             before this process started (e.g. continuing the checkpoints of a run that ended).
         shared: a local ``directory`` is one file system mounted on every host (NFS,
             ``/dbfs``). Without it a local path is refused when the ranks run on more than
-            one host, since each host would see a different directory.
+            one host, since each host would see a different directory. With it, that is
+            checked once per run: rank 0 writes a marker file there (in
+            ``.sparktrain-shared/``) and every rank on another host must see it within the
+            run's ``start_timeout``, else ConfigurationError names the hosts.
 
     Returns:
         The path or URL of the checkpoint's data file on rank 0; None on other ranks.
@@ -147,7 +150,8 @@ def save(
     Raises:
         ConfigurationError: ``step``, ``keep_last`` or ``directory`` is invalid, fsspec
             is missing for a URL, or ``directory`` is a local path while the ranks run on
-            several hosts and ``shared`` is not set.
+            several hosts and ``shared`` is not set (or is set, but another host does not
+            see the directory rank 0 sees).
         CheckpointOwnershipError: another live run writes into ``directory``.
         OSError: the storage failed; the previous checkpoint is left as it was.
 
@@ -159,7 +163,7 @@ def save(
     where = _directory(directory)
     _check_save_args(step, keep_last)
     store = _Store(where, storage_options)
-    check_shared(where, store.fs is None, shared)
+    check_shared(where, store.root if store.fs is None else None, shared)
     if context.rank() != 0:
         return None
     import torch
@@ -236,7 +240,7 @@ def load_latest(
     """
     where = _directory(directory)
     store = _Store(where, storage_options)
-    check_shared(where, store.fs is None, shared)
+    check_shared(where, store.root if store.fs is None else None, shared)
     for _attempt in range(_ATTEMPTS):
         names = store.names()
         found, skipped = _newest(store, names, map_location, weights_only)

@@ -5,6 +5,7 @@ pyspark is imported inside functions only, so importing this module never needs 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import posixpath
@@ -37,6 +38,7 @@ def make_spark_converter(
     row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
     dtype: str | None = "float32",
     storage_options: Mapping[str, Any] | None = None,
+    shared: bool = False,
 ) -> SparkDatasetConverter:
     """Materialize ``df`` as Parquet under the cache directory, once per query plan.
 
@@ -56,6 +58,10 @@ def make_spark_converter(
         dtype: ``"float32"`` (default), ``"float64"``, or ``None`` to keep float types.
         storage_options: fsspec options (e.g. credentials) for reading ``cache_dir`` on the
             driver and the ranks; Spark itself writes with its Hadoop configuration.
+        shared: a local ``cache_dir`` is one file system mounted on every host (NFS,
+            ``/dbfs``). Without it, the ranks refuse a local cache when they run on more
+            than one host; with it, they check that every host sees the directory rank 0
+            sees (see :meth:`SparkDatasetConverter.make_torch_dataloader`).
 
     Returns:
         A picklable :class:`SparkDatasetConverter`.
@@ -94,7 +100,7 @@ def make_spark_converter(
 
     cached = _load_manifest(fs, root, url, storage_options)
     if cached is not None:
-        return cached
+        return dataclasses.replace(cached, shared=shared)
     _check_executor_access(spark, normalize_url(base), storage_options)
     (
         df.write.mode("overwrite")
@@ -102,7 +108,7 @@ def make_spark_converter(
         .parquet(spark_url)
     )
     converter = SparkDatasetConverter.from_parquet(
-        url, dtype=dtype, storage_options=storage_options
+        url, dtype=dtype, storage_options=storage_options, shared=shared
     )
     if len(converter) == 0:
         converter.delete()

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from sparktrain.data.columns import FLOAT_DTYPES, ColumnKind, column_kind, null_error
 from sparktrain.errors import ConfigurationError
+from sparktrain.worker import shared_paths
 
 if TYPE_CHECKING:
     from sparktrain.data.loader import TorchDataLoader
@@ -105,6 +106,8 @@ class SparkDatasetConverter:
         null_counts: nulls per scalar column, where the files' statistics tell.
         dtype: float dtype of floating-point columns and vectors in batches (``None``: keep).
         storage_options: fsspec options (e.g. credentials) for reading ``url``.
+        shared: a local ``url`` is one file system mounted on every host (NFS, ``/dbfs``):
+            see :meth:`make_torch_dataloader`.
 
     Example:
         >>> converter = make_spark_converter(df)
@@ -120,6 +123,7 @@ class SparkDatasetConverter:
     null_counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
     dtype: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    shared: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in FLOAT_DTYPES:
@@ -202,7 +206,10 @@ class SparkDatasetConverter:
             A :class:`~sparktrain.data.loader.TorchDataLoader`.
 
         Raises:
-            ConfigurationError: an invalid argument, column or column type.
+            ConfigurationError: an invalid argument, column or column type; or a local
+                ``url`` while the ranks run on more than one host, unless the converter was
+                made with ``shared=True`` and every host sees the directory rank 0 sees
+                (checked once per run: see :mod:`sparktrain.worker.shared_paths`).
 
         Example:
             >>> with converter.make_torch_dataloader(64, num_epochs=None) as loader:
@@ -213,7 +220,21 @@ class SparkDatasetConverter:
         # Imported here so that the driver can make converters without importing torch.
         from sparktrain.data.loader import TorchDataLoader
 
+        self.check_shared()
         return TorchDataLoader(self, batch_size, **options)
+
+    def check_shared(self) -> None:
+        """Refuse a local ``url`` that this run's hosts do not share (see
+        :meth:`make_torch_dataloader`); a remote URL, or one host, always passes."""
+        fs, root = filesystem(self.url, self.storage_options)
+        shared_paths.check_shared(
+            "data cache directory",
+            self.url,
+            root if is_local(fs) else None,
+            self.shared,
+            "make the converter with shared=True (make_spark_converter(df, shared=True) or "
+            "SparkDatasetConverter.from_parquet(url, shared=True))",
+        )
 
     def delete(self) -> None:
         """Delete the materialized files; the converter cannot load afterwards."""
@@ -239,6 +260,7 @@ class SparkDatasetConverter:
         files: Sequence[str] | None = None,
         dtype: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        shared: bool = False,
     ) -> SparkDatasetConverter:
         """A converter over existing Parquet files, without Spark.
 
@@ -247,6 +269,8 @@ class SparkDatasetConverter:
             files: file names relative to ``url`` to use instead of listing the directory.
             dtype: float dtype for floating-point columns and vectors (``None``: keep).
             storage_options: fsspec options for ``url``.
+            shared: a local ``url`` is mounted on every host (see
+                :meth:`make_torch_dataloader`).
 
         Raises:
             ConfigurationError: no Parquet files, or files whose schemas differ.
@@ -284,6 +308,7 @@ class SparkDatasetConverter:
             null_counts=_null_counts(schema, footers),
             dtype=dtype,
             storage_options=storage_options,
+            shared=shared,
         )
 
     def to_manifest(self) -> dict[str, Any]:

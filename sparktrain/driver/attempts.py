@@ -74,7 +74,11 @@ class Attempts:
 
                 start = time.monotonic()
                 check_capacity(
-                    self.session.sparkContext, config.world_size, config.capacity_wait, since=since
+                    self.session.sparkContext,
+                    job.tasks,
+                    config.capacity_wait,
+                    since=since,
+                    ranks_per_task=job.ranks_per_task,
                 )
                 attempt.phases["capacity_wait"] = time.monotonic() - start
             try:

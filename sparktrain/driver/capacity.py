@@ -124,8 +124,13 @@ def busy_slots(sc: Any) -> int:
     return max(in_stages, on_executors)
 
 
-def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> None:
+def check_capacity(
+    sc: Any, n: int, wait: float, since: float | None = None, ranks_per_task: int = 1
+) -> None:
     """Raise CapacityError unless ``n`` task slots are free.
+
+    Slots count tasks, not ranks: with k GPUs per task (``ranks_per_task``), np ranks need
+    ``n = np / k`` slots.
 
     A session that started less than ``wait`` seconds ago may still be registering executors,
     so it gets until then; an older one is judged at once. ``since`` (epoch seconds) moves
@@ -137,6 +142,9 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
     Raises:
         CapacityError: dynamic allocation is on, or too few slots, naming the settings.
     """
+    k = ranks_per_task
+    # How the run's size reads in messages: np, and the tasks it makes when they differ.
+    need = f"np={n * k}" + (f" ({n} tasks of {k} ranks, one per GPU)" if k > 1 else "")
     conf = sc.getConf()
     if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
         raise CapacityError(
@@ -159,24 +167,24 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
             if busy_deadline is None:
                 busy_deadline = now + min(wait, BUSY_WAIT)
                 _log.info(
-                    "np=%d: %d of the cluster's %d task slots are busy with other jobs; "
+                    "%s: %d of the cluster's %d task slots are busy with other jobs; "
                     "waiting up to %.0fs for them to free up",
-                    n,
+                    need,
                     busy,
                     total,
                     busy_deadline - now,
                 )
             if now >= busy_deadline:
                 raise CapacityError(
-                    f"np={n} needs {n} free task slots at once, but {busy} of the cluster's "
+                    f"{need} needs {n} free task slots at once, but {busy} of the cluster's "
                     f"{total} slots are busy with other jobs; wait for them, or lower np"
                 )
         elif ceiling is not None and ceiling[0] < n:
             # More executors cannot come: waiting for them would only delay the refusal.
             most, how = ceiling
-            lower = f"Lower np to {most} or less, or give" if most > 0 else "Give"
+            lower = f"Lower np to {most * k} or less, or give" if most > 0 else "Give"
             raise CapacityError(
-                f"np={n} needs {n} task slots at once (barrier mode), but this application "
+                f"{need} needs {n} task slots at once (barrier mode), but this application "
                 f"can never run more than {most} ({how}). {lower} the application more "
                 "executors or cores when it starts (spark.executor.instances, "
                 "spark.executor.cores)."
@@ -186,9 +194,9 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
         elif not told_registering:
             told_registering = True
             _log.info(
-                "np=%d needs %d task slots at once and the cluster has %d so far; waiting up "
+                "%s needs %d task slots at once and the cluster has %d so far; waiting up "
                 "to %.0fs for executors to register (%s)",
-                n,
+                need,
                 n,
                 total,
                 deadline - now,
@@ -200,9 +208,9 @@ def check_capacity(sc: Any, n: int, wait: float, since: float | None = None) -> 
     per_task = f"spark.task.cpus={task_cpus}" + (
         f", spark.task.resource.gpu.amount={gpus}" if gpus else ""
     )
-    lower = f"Lower np to {total} or less, or add" if total > 0 else "Add"
+    lower = f"Lower np to {total * k} or less, or add" if total > 0 else "Add"
     raise CapacityError(
-        f"np={n} needs {n} task slots at once (barrier mode), but the cluster has {total} "
+        f"{need} needs {n} task slots at once (barrier mode), but the cluster has {total} "
         f"({per_task}, master {sc.master}). {lower} executors or cores "
         "(spark.executor.instances, spark.executor.cores)."
     )

@@ -89,7 +89,7 @@ class ConnectLaunch:
     def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
         self.spark = spark
         self.job = job
-        self.n = job.run_config.world_size
+        self.n = job.tasks
         self.tag = f"sparktrain-{job.run_id}-{job.attempt}"
         self.description = description
         # Detached tasks never say hello: the monitor then waits on the job alone.
@@ -137,7 +137,7 @@ class ConnectLaunch:
         return describe_spark_error(error)
 
     def failed_task(self, error: BaseException) -> FailedTask | None:
-        return failed_task(error)
+        return failed_task(error, self.job.ranks_per_task)
 
 
 def _failed_record(failure: dict[str, Any] | None) -> dict[str, Any]:

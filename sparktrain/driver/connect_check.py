@@ -76,12 +76,15 @@ def static_slots(conf: dict[str, str | None]) -> int | None:
     return None
 
 
-def check_slots(session: Any, np: int) -> None:
+def check_slots(session: Any, np: int, ranks_per_task: int = 1) -> None:
     """Refuse ``np`` ranks that the static conf cannot run at once (see the module's note).
 
+    Slots count tasks: with ``ranks_per_task`` k (k GPUs per task), np ranks need np / k.
+
     Raises:
-        CapacityError: the conf promises fewer slots than ``np``.
+        CapacityError: the conf promises fewer slots than the run's tasks.
     """
+    tasks = np // ranks_per_task
     keys = (
         "spark.master",
         "spark.executor.instances",
@@ -99,9 +102,9 @@ def check_slots(session: Any, np: int) -> None:
         slots = static_slots(conf)
     except ValueError:
         slots = None
-    if slots is not None and slots < np:
+    if slots is not None and slots < tasks:
         raise CapacityError(
-            f"np={np} needs {np} task slots at once, but the session's conf gives "
+            f"np={np} needs {tasks} task slots at once, but the session's conf gives "
             f"{slots} (spark.master={conf['spark.master']}, spark.task.cpus="
             f"{conf['spark.task.cpus'] or 1}): lower np, or give the cluster more executor cores"
         )
@@ -116,14 +119,14 @@ def mismatches(client: dict[str, str], executor: dict[str, str]) -> list[str]:
     ]
 
 
-def plan_connect(session: Any, config: RunConfig) -> ConnectPlan:
+def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> ConnectPlan:
     """Probe the cluster once: the executors' versions and whether they reach this client.
 
     Raises:
         ConfigurationError: the executors' Python minor version, cloudpickle, torch or
             sparktrain differ from the client's, or the probe job failed.
     """
-    check_slots(session, config.world_size)
+    check_slots(session, config.world_size, ranks_per_task)
     advertise = config.client_address or client_address(session)
     with socket.socket(_family(advertise), socket.SOCK_STREAM) as listener:
         listener.bind((listen_address(advertise, _any(advertise)), 0))

@@ -329,7 +329,8 @@ class RunMonitor:
                 # It arrived after the stop went out: it must not start its ranks either.
                 self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
             elif len(self.arrived) == self.n and not self.go_sent:
-                problem = layout_problem(list(self.infos.values()), self.config)
+                # By index, not arrival: a message names the tasks in a stable order.
+                problem = layout_problem([self.infos[i] for i in range(self.n)], self.config)
                 if problem is not None:
                     return ConfigurationError(problem)
                 # From here on a task may start ranks; before it, none can have.

@@ -6,6 +6,8 @@
   ``spark.network.crypto.enabled``) is refused unless ``ignore_ssl`` is set: what the ranks
   send each other (torch.distributed's store, Gloo and NCCL, Horovod's rendezvous, MPI) is not
   encrypted, and sparktrain's channel is authenticated, not encrypted.
+* ``spark.task.resource.gpu.amount=k`` makes each task run k ranks, one per GPU: np must be
+  a multiple of k, and a fractional amount (two ranks on one GPU) is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sparktrain.config import RunConfig, conf_key
 from sparktrain.errors import ConfigurationError
 
 _ENCRYPTION = ("spark.ssl.enabled", "spark.network.crypto.enabled")
+_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 
 def check_application(conf: Any, config: RunConfig) -> None:
@@ -72,3 +75,56 @@ def _check_gpus(conf: Any, config: RunConfig) -> None:
         "spark.worker.resource.gpu.discoveryScript), set when the application starts; or "
         f"use_gpu=None to use GPUs only where tasks have them ({conf_key('use_gpu')})"
     )
+
+
+def ranks_per_task(conf: Any, config: RunConfig) -> int:
+    """How many ranks each barrier task runs: one per GPU the task is given.
+
+    With ``spark.task.resource.gpu.amount=k`` (a whole number), a task holds k GPUs and runs
+    k ranks, one on each, so the stage has ``np / k`` tasks. A fractional amount would put
+    two ranks on one GPU, which NCCL refuses: it is refused here, unless ``use_gpu=False``
+    (the amount then only limits how many tasks an executor runs, and each runs one rank).
+
+    Args:
+        conf: the application's SparkConf (anything with ``get(key, default)``).
+        config: the run's settings (``world_size`` is np).
+
+    Returns:
+        k, at least 1.
+
+    Raises:
+        ConfigurationError: a fractional or malformed amount, or np not a multiple of k; the
+            message names np, the amount and what to set.
+    """
+    amount = conf.get(_TASK_GPUS, None)
+    if amount is None or not str(amount).strip():
+        return 1
+    try:
+        value = float(amount)
+    except ValueError:
+        raise ConfigurationError(
+            f"{_TASK_GPUS}={amount!r} is not a number: set it to the whole number of GPUs "
+            "each task (and so each group of ranks) gets, e.g. 1"
+        ) from None
+    if value <= 0:
+        return 1
+    if value != int(value):
+        if config.use_gpu is False:
+            return 1
+        raise ConfigurationError(
+            f"{_TASK_GPUS}={amount} gives tasks a fraction of a GPU, so several ranks would "
+            "share one GPU, which NCCL refuses and which slows every rank sharing it. Set it "
+            "to a whole number k (each task then runs k ranks, one per GPU), or pass "
+            f"use_gpu=False ({conf_key('use_gpu')}) to train on CPU"
+        )
+    k = int(value)
+    np = config.world_size
+    if np % k:
+        lower, upper = np // k * k, (np // k + 1) * k
+        choices = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ConfigurationError(
+            f"np={np} is not a multiple of {_TASK_GPUS}={k}: each task holds {k} GPUs and "
+            f"runs {k} ranks, one per GPU, so np must be a multiple of {k}. Set np to "
+            f"{choices}, or set {_TASK_GPUS}=1 for one rank per task"
+        )
+    return k

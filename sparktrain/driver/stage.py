@@ -1,4 +1,5 @@
-"""np > 0: one barrier stage of np tasks, in a job group of its own that we can cancel."""
+"""np > 0: one barrier stage of np tasks (np / k with k GPUs per task), in a job group of its
+own that we can cancel."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class SparkLaunch:
     def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
         self.sc = spark.sparkContext
         self.job = job
-        self.n = job.run_config.world_size
+        self.n = job.tasks
         self.group = f"sparktrain-{job.run_id}-{job.attempt}"
         self.description = description
 
@@ -63,7 +64,7 @@ class SparkLaunch:
         return describe_spark_error(error)
 
     def failed_task(self, error: BaseException) -> FailedTask | None:
-        return failed_task(error)
+        return failed_task(error, self.job.ranks_per_task)
 
 
 def _task(job: TaskJob, payload: Any) -> Callable[[Any], Any]:
@@ -109,13 +110,18 @@ _LOST_TASK = re.compile(
 )
 
 
-def failed_task(error: BaseException) -> FailedTask | None:
-    """The task that made a Spark job fail, when Spark's message names it."""
+def failed_task(error: BaseException, ranks_per_task: int = 1) -> FailedTask | None:
+    """The task that made a Spark job fail, when Spark's message names it.
+
+    Its ``index`` is that of its first slot (see :class:`~sparktrain.cluster.TaskInfo`):
+    Spark's partition times ``ranks_per_task``.
+    """
     found = _LOST_TASK.search(str(error))
     if found is None:
         return None
     reason = (found.group(4) or "").strip()[:500]
-    return FailedTask(int(found.group(1)), found.group(2), found.group(3), reason)
+    index = int(found.group(1)) * ranks_per_task
+    return FailedTask(index, found.group(2), found.group(3), reason)
 
 
 _PY_ERROR = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)): (.*)$")

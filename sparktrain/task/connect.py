@@ -51,14 +51,15 @@ class DetachedSession(TaskSession):
     def __init__(self, job: TaskJob, context: Any) -> None:
         super().__init__(job, None)
         self.context = context
-        self._info: dict[str, Any] | None = None
+        # What this task said of its slots (one per rank it runs).
+        self._infos: list[dict[str, Any]] = []
         self._logs: dict[int, TextIO] = {}
         self._log_dir = _log_folder(job)
 
     def send(self, message: dict[str, Any]) -> None:
-        """Keep this task's own hello (the one message the layout needs); drop the rest."""
+        """Keep this task's own hellos (the one message the layout needs); drop the rest."""
         if message.get("type") == protocol.HELLO.name:
-            self._info = message["info"]
+            self._infos.append(message["info"])
 
     def log(self, rank: int, line: str) -> None:
         """Append the line to the rank's file under ``log_dir``, when one is set."""
@@ -86,8 +87,9 @@ class DetachedSession(TaskSession):
 
     def wait_for_go(self) -> list[dict[str, Any]] | None:
         """Every task's info, by index, through Spark's ``allGather``."""
-        gathered = self.context.allGather(json.dumps(self._info))
-        return sorted((json.loads(text) for text in gathered), key=lambda info: info["index"])
+        gathered = self.context.allGather(json.dumps(self._infos))
+        infos = [info for text in gathered for info in json.loads(text)]
+        return sorted(infos, key=lambda info: info["index"])
 
     def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
         """Rank 0's task's values, handed to every task through ``allGather``."""

@@ -1,9 +1,9 @@
 """A task's life: rendezvous, hand the layout to its launcher, return the ranks' records.
 
-The same steps serve a Spark barrier task (one rank per task) and the local supervisor on
-the driver (all ranks of an ``np < 0`` run); only how the TaskInfos are gathered differs. Who
-then creates the rank processes is the run's :class:`~sparktrain.task.launchers.RankLauncher`
-(our own supervisor, or mpirun).
+The same steps serve a Spark barrier task (one rank per task, or one per GPU when a task holds
+several) and the local supervisor on the driver (all ranks of an ``np < 0`` run); only how
+the TaskInfos are gathered differs. Who then creates the rank processes is the run's
+:class:`~sparktrain.task.launchers.RankLauncher` (our own supervisor, or mpirun).
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ def _launch(
         return []
     spec = build_cluster_spec([TaskInfo.from_json(info) for info in infos])
     try:
-        settled = settle_interface(session, spec, spec.for_task(tasks[0]).task, session.config.nics)
+        settled = settle_interface(
+            session, spec, spec.for_task(tasks[0]).task, session.config.nics, tasks
+        )
     finally:
         if probes is not None:
             probes.close()
@@ -126,6 +128,10 @@ def run_spark_task(
     job: TaskJob, iterator: Iterator[Any], session: TaskSession | None = None
 ) -> Iterator[dict[str, Any]]:
     """Body of one Spark barrier task: runs its rank(s) and yields their records.
+
+    A task that runs k ranks (``job.ranks_per_task``, one per GPU it holds) says hello for
+    k slots, each with one of its GPUs and its share of its cores, and its launcher runs
+    them all, as the local supervisor runs its slots.
 
     Args:
         job: what the task was handed.
@@ -143,30 +149,50 @@ def run_spark_task(
     # alone when it is this machine's address, else on every interface (the host Spark knows
     # an executor by may be an address this machine does not hold, as behind NAT).
     bind = listen_address(host, "")
+    k = job.ranks_per_task
+    slots = range(index * k, index * k + k)
     with (
-        _session(job, bind, range(index, index + 1), session) as (session, launcher),
-        ProbeListener(job.key, index) as probes,
+        _session(job, bind, slots, session) as (session, launcher),
+        ProbeListener(job.key, slots[0]) as probes,
     ):
         session.spark_files = spark_files_root()
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
-        info = TaskInfo(
-            index=index,
-            host=host,
-            port=launcher.port(),
-            gpus=gpus,
-            cpus=int(ctx.cpus()),
-            pid=os.getpid(),
-            ifname=interface_of(host),
-            gpu_uuids=gpu_uuids(gpus),
-            interfaces=interface_addresses(),
-            probe_port=probes.port,
-            name_address=name_address(),
-        )
-        _hello(session, info)
+        uuids = gpu_uuids(gpus)
+        ifname = interface_of(host)
+        interfaces = interface_addresses()
+        resolved = name_address()
+        for slot, (own, own_uuids) in enumerate(zip(share(gpus, k), share(uuids, k), strict=True)):
+            info = TaskInfo(
+                index=slots[slot],
+                host=host,
+                port=launcher.port() if slot == 0 else 0,
+                gpus=own,
+                cpus=max(1, int(ctx.cpus()) // k),
+                pid=os.getpid(),
+                ifname=ifname,
+                gpu_uuids=own_uuids,
+                interfaces=interfaces,
+                probe_port=probes.port,
+                name_address=resolved,
+                slot=slot,
+            )
+            _hello(session, info)
         session.listen()
-        records = _launch(session, launcher, [index], backend, session.exchange, probes)
+        records = _launch(session, launcher, list(slots), backend, session.exchange, probes)
         yield from deliver(session, records, host)
+
+
+def share(items: Sequence[str], k: int) -> list[tuple[str, ...]]:
+    """``items`` (a task's GPUs, or their UUIDs) dealt to its ``k`` slots in order, equally.
+
+    A task given k GPUs gives one to each slot; none (CPU, or UUIDs not read) gives none.
+    """
+    if len(items) < k or len(items) % k:
+        # Spark gives a task exactly k GPUs; anything else is dealt whole to no slot.
+        return [() for _ in range(k)]
+    each = len(items) // k
+    return [tuple(items[i * each : (i + 1) * each]) for i in range(k)]
 
 
 def spark_files_root() -> str | None:

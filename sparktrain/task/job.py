@@ -20,6 +20,8 @@ class TaskJob:
         key: the run's HMAC key.
         payload: the pickled function and arguments.
         hook: private test hook, a pickled callable run with the task index before rendezvous.
+        ranks_per_task: how many ranks each Spark task runs, one per GPU it holds
+            (``spark.task.resource.gpu.amount``); the stage has ``np / ranks_per_task`` tasks.
     """
 
     run_id: str
@@ -29,6 +31,12 @@ class TaskJob:
     key: bytes
     payload: bytes
     hook: bytes | None = None
+    ranks_per_task: int = 1
+
+    @property
+    def tasks(self) -> int:
+        """How many Spark tasks the run's stage has."""
+        return self.run_config.world_size // self.ranks_per_task
 
     @property
     def run_config(self) -> RunConfig:

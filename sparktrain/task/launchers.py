@@ -230,7 +230,8 @@ class ProcessLauncher(RankLauncher):
             if record["status"] == "failed":
                 self.session.send(protocol.FAILURE(failure=record["failure"]))
                 if not stopping and len(procs) > 1:
-                    # Local mode: the other ranks would block in their next collective.
+                    # Ranks of this task (local mode, or k GPUs per task) would block in
+                    # their next collective.
                     events.put(("abort", -1, f"rank {rank_id} failed"))
         return [records[r.rank] for r in mine]
 

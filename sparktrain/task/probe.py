@@ -141,8 +141,9 @@ def probe(
     if not targets:
         return reached
     with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        # A task of several slots answers for its first one (each slot is probed alike).
         results = pool.map(
-            lambda t: reaches(t[2], t[1].probe_port, t[1].index, key, timeout), targets
+            lambda t: reaches(t[2], t[1].probe_port, t[1].first_index, key, timeout), targets
         )
         for (name, peer, _), ok in zip(targets, results, strict=True):
             if ok:
@@ -151,7 +152,11 @@ def probe(
 
 
 def settle_interface(
-    session: TaskSession, spec: ClusterSpec, me: TaskInfo, nics: Sequence[str] | None
+    session: TaskSession,
+    spec: ClusterSpec,
+    me: TaskInfo,
+    nics: Sequence[str] | None,
+    slots: Sequence[int] = (),
 ) -> ClusterSpec | None:
     """``spec`` on the interface every rank talks over.
 
@@ -161,6 +166,13 @@ def settle_interface(
     choice (made with :func:`sparktrain.interfaces.choose_interface` once every task has
     probed; no interface reaching every host ends the run there with an error).
 
+    Args:
+        session: this task's session.
+        spec: the layout, every task's interfaces in it.
+        me: this task (its first slot, when it runs several ranks).
+        nics: the run's ``nics`` setting.
+        slots: the indices this task speaks for (default: ``me`` alone).
+
     Returns:
         The spec with the interface set, or None when the run was stopped first.
     """
@@ -168,6 +180,8 @@ def settle_interface(
         name = next((n for n in nics or () if me.addresses_of(n)), None)
         return with_interface(spec, name) if name else spec
     tasks = [r.task for r in spec.ranks]
-    session.send(protocol.PROBED(index=me.index, reached=probe(me, tasks, session.job.key)))
+    reached = probe(me, tasks, session.job.key)
+    for index in slots or (me.index,):  # the driver counts every slot's word
+        session.send(protocol.PROBED(index=index, reached=reached))
     chosen = session.wait_for_interface()
     return None if chosen is None else with_interface(spec, chosen)

@@ -227,6 +227,7 @@ class TaskSession:
             contract.RUN_ID_ENV: self.job.run_id,
             contract.ATTEMPT_ENV: str(self.job.attempt),
             contract.GRACE_ENV: str(self.config.grace_period),
+            contract.START_TIMEOUT_ENV: str(self.config.start_timeout),
             contract.CHANNEL_ENV: self.job.channel,
             contract.KEY_ENV: self.job.key.hex(),
             contract.PAYLOAD_ENV: str(workdir / contract.PAYLOAD_FILE),

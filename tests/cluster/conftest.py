@@ -117,3 +117,26 @@ def wait_for_executors(session, count: int, cluster: StandaloneCluster) -> None:
                 f"{count} executors did not register in 120 s:\n{cluster.executor_logs()}"
             )
         time.sleep(0.2)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that set ``OWN_SESSION = True`` stop the tier's session and start one with
+    other settings: they run after every other test of the tier, which keeps the shared
+    session for the whole of its use."""
+    positions = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/cluster/")]
+    tier = sorted(
+        (items[i] for i in positions),
+        key=lambda item: bool(getattr(item.module, "OWN_SESSION", False)),
+    )
+    for position, item in zip(positions, tier, strict=True):
+        items[position] = item
+
+
+def stop_active_session(conf: dict[str, str]) -> None:
+    """Stop the active SparkSession, if any (the tier's), and drop ``conf`` from the JVM."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+        forget_conf(active, conf)

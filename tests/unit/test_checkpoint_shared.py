@@ -30,7 +30,8 @@ def test_local_path_on_two_hosts_is_refused_by_save_and_load(two_hosts, tmp_path
         assert "s3://" in message and "shared=True" in message
 
 
-def test_shared_true_takes_the_users_word(two_hosts, tmp_path):
+def test_shared_true_on_rank_0s_host_is_the_same_disk(two_hosts, monkeypatch, tmp_path):
+    monkeypatch.setenv("NODE_RANK", "0")  # checked across hosts: see test_shared_paths.py
     assert checkpoint.save({"w": 1}, tmp_path, step=0, shared=True) is None  # rank 2
     assert checkpoint.load_latest(tmp_path, shared=True) is None
 

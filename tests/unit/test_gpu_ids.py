@@ -107,3 +107,22 @@ def test_the_driver_refuses_a_double_booked_gpu_before_any_rank_starts(server) -
     with pytest.raises(ConfigurationError, match="tasks 0 and 1 on h were both given the GPU"):
         mon.watch(launch)
     assert went == [False]
+
+
+def test_a_double_booked_gpu_names_the_tasks_by_index_whatever_their_arrival(
+    server,  # noqa: F811
+) -> None:
+    def body(tasks: list[FakeTask], done: Done) -> None:
+        for task in reversed(tasks):  # task 1 says hello first
+            info = TaskInfo(
+                index=task.index, host="h", port=0, gpus=(str(task.index),), gpu_uuids=("GPU-1",)
+            )
+            task.client.send(protocol.HELLO(index=task.index, info=json.loads(info.to_json())))
+            threading.Thread(target=task._listen, daemon=True).start()
+        for task in tasks:
+            task.aborted.wait(10)
+        done(None, None)
+
+    mon = RunMonitor(RunConfig(np=2, grace_period=1), server)
+    with pytest.raises(ConfigurationError, match="tasks 0 and 1 on h were both given the GPU"):
+        mon.watch(FakeLaunch(server, 2, body))

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from sparktrain import contract
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import interface_env, rank_env, visible_devices
 from sparktrain.backends.torch import TorchBackend
 from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
-from sparktrain.config import RESERVED_ENV, RunConfig
+from sparktrain.config import PRIVATE_ENV_PREFIX, RESERVED_ENV, RunConfig
 from sparktrain.errors import ConfigurationError
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import worker_env
@@ -53,6 +54,8 @@ def test_every_env_variable_on_a_two_host_layout() -> None:
             "MASTER_PORT": "7000",
             "OMP_NUM_THREADS": "2",
             "CUDA_VISIBLE_DEVICES": "",
+            contract.HOST_ENV: "10.0.0.2" if node_rank == "1" else "10.0.0.1",
+            contract.RANK0_HOST_ENV: "10.0.0.1",
         }
 
 
@@ -212,7 +215,10 @@ def test_every_per_rank_variable_is_reserved() -> None:
     per_rank = set(full_env(spec, 0, RunConfig(np=1)))
     # Values the user may legitimately tune are not rank-specific.
     tunable = {"OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"}
-    assert per_rank - tunable <= RESERVED_ENV
+    public = {k for k in per_rank - tunable if not k.startswith(PRIVATE_ENV_PREFIX)}
+    assert public <= RESERVED_ENV
+    with pytest.raises(ConfigurationError, match="env may not set _SPARKTRAIN_HOST"):
+        RunConfig(np=1, env={contract.HOST_ENV: "elsewhere"})
 
 
 @pytest.mark.parametrize(

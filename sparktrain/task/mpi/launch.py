@@ -182,8 +182,11 @@ class MpiLaunch(RankLauncher):
     def run(
         self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
     ) -> list[dict[str, Any]]:
-        local = len(tasks) > 1
-        index = spec.ranks[0].task.index if local else tasks[0]
+        # The local supervisor holds every slot; a Spark task holds its own (one, or one
+        # per GPU), all of one task.
+        by_index = {r.task.index: r.task for r in spec.ranks}
+        local = len({by_index[t].first_index for t in tasks}) > 1
+        index = spec.ranks[0].task.index if local else by_index[tasks[0]].first_index
         return MpiTask(MpiRun(self.session, spec, backend, self.server, local), index).run()
 
 

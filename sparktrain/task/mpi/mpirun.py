@@ -45,8 +45,8 @@ class Mpirun:
         self.splitter = command.TagSplitter()
         self.tails: dict[int, collections.deque[str]] = {}
         self.own_lines: collections.deque[str] = collections.deque(maxlen=200)
-        # The tasks that join the launcher (the local supervisor has none).
-        tasks = {r.task.index for r in self.spec.ranks}
+        # The tasks that join the launcher (the local supervisor has none), by first slot.
+        tasks = {r.task.first_index for r in self.spec.ranks}
         self.expected = set() if run.local else tasks - {index}
         self.joined: set[int] = set()
         self.members: set[int] = set()
