@@ -3,10 +3,11 @@
 Measures samples/s cold (first epoch: for the Parquet loader this includes reading footers
 and files, and with --spark the Spark materialization too) and warm (a later epoch), for the
 loader's default settings and its thread variants, and prints each as a ratio to the in-memory
-DataLoader measured just before it in the same round. Each round measures every loader once;
-the 1-minute load average is printed before and after every measurement, so a round that
-shared the CPUs with other work is visible. Times are printed, never asserted. The OS page
-cache is not dropped, so "cold" files are usually in memory already.
+DataLoader measured just before it in the same round. Each round measures every loader once
+(the variants take turns at going first); round 0 is each kind's first use in the process and
+is shown but not summarized. The 1-minute load average is printed before and after every
+measurement, so a round that shared the CPUs with other work is visible. Times are printed,
+never asserted. The OS page cache is not dropped, so "cold" files are usually in memory.
 
     .venv/bin/python benchmarks/bench_loader.py                 # 200k rows x 784 float32
     .venv/bin/python benchmarks/bench_loader.py --rounds 5 --step-ms 2
@@ -81,7 +82,11 @@ def write_parquet(
         table = pa.table(
             {"features": pa.ListArray.from_arrays(offsets, flat), "label": pa.array(y[lo:hi])}
         )
-        pq.write_table(table, f"{path}/part-{index:05d}.parquet", row_group_size=rows_per_group)
+        name = f"{path}/part-{index:05d}.parquet"
+        pq.write_table(table, name, row_group_size=rows_per_group)
+        # Flushed now, the kernel's writeback of the new files does not land in a measurement.
+        with open(name, "rb") as handle:
+            os.fsync(handle.fileno())
 
 
 def drain(batches: Iterable[Any], step_s: float = 0.0) -> int:
@@ -114,9 +119,9 @@ def in_memory(x: np.ndarray, y: np.ndarray, batch_size: int, step_s: float) -> M
 
 def parquet_loader(
     name: str,
+    options: dict[str, Any],
     make: Callable[[], SparkDatasetConverter],
     batch_size: int,
-    options: dict[str, Any],
     step_s: float,
 ) -> tuple[Measurement, SparkDatasetConverter]:
     """Cold: making the converter and the first epoch; warm: the second epoch."""
@@ -135,10 +140,10 @@ def parquet_loader(
     return measured, converter
 
 
-def print_round(number: int, rows: list[Measurement]) -> None:
+def print_round(label: str, rows: list[Measurement]) -> None:
     base = rows[0]
     header = (
-        f"| {'round ' + str(number):<7} | {'loader':<42} | {'cold samples/s':>14} | "
+        f"| {label:<7} | {'loader':<42} | {'cold samples/s':>14} | "
         f"{'warm samples/s':>14} | {'ratio cold':>10} | {'ratio warm':>10} | "
         f"{'load before -> after':>20} |"
     )
@@ -206,9 +211,18 @@ def main() -> None:
         write_start = time.perf_counter()
         write_parquet(x, y, raw, args.files, args.row_group_bytes)
         print(f"(pyarrow wrote the Parquet files in {time.perf_counter() - write_start:.1f} s)\n")
-        # Warm the process (Arrow's allocator and thread pool) so that the first loader
-        # measured does not pay for it alone.
-        pq.ParquetFile(f"{raw}/part-00000.parquet").read_row_group(0)
+
+        def make() -> SparkDatasetConverter:
+            return SparkDatasetConverter.from_parquet(raw)
+
+        # Round 0 is the first use in this process of each kind of loader (the allocators
+        # grow, thread pools start): shown, but left out of the rounds compared below, so
+        # that it does not fall on whichever variant happens to go first.
+        first = [
+            in_memory(x, y, args.batch_size, step_s),
+            parquet_loader(*VARIANTS[0], make, args.batch_size, step_s)[0],
+        ]
+        print_round("round 0", first)
         for number in range(1, args.rounds + 1):
             baseline = in_memory(x, y, args.batch_size, step_s)
             # The variants take turns at going first, so that none always meets the
@@ -217,20 +231,18 @@ def main() -> None:
             measured: dict[str, Measurement] = {}
             for name, options in VARIANTS[shift:] + VARIANTS[:shift]:
                 measured[name], converter = parquet_loader(
-                    name,
-                    lambda: SparkDatasetConverter.from_parquet(raw),
-                    args.batch_size,
-                    options,
-                    step_s,
+                    name, options, make, args.batch_size, step_s
                 )
             rows = [baseline, *(measured[name] for name, _ in VARIANTS)]
-            print_round(number, rows)
+            print_round(f"round {number}", rows)
             rounds.append(rows)
         print(f"(the Parquet files hold {len(converter.pieces)} row groups)")
         print_summary(rounds)
         if args.spark:
             print()
-            print_round(0, [in_memory(x, y, args.batch_size, step_s), spark_row(args, raw, step_s)])
+            print_round(
+                "spark", [in_memory(x, y, args.batch_size, step_s), spark_row(args, raw, step_s)]
+            )
     finally:
         if args.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -255,13 +267,13 @@ def spark_row(args: argparse.Namespace, raw: str, step_s: float) -> Measurement:
         df.count()  # start the session's first job outside the timing
         measured, converter = parquet_loader(
             "make_spark_converter + loader, defaults",
+            {},
             lambda: make_spark_converter(
                 df,
                 cache_dir=f"file://{scratch}/cache",
                 row_group_size_bytes=args.row_group_bytes,
             ),
             args.batch_size,
-            {},
             step_s,
         )
         converter.delete()
