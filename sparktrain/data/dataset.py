@@ -197,9 +197,9 @@ class SparkDatasetConverter:
                 batches are cut from the current one (default True; False reads in the
                 thread that makes batches).
             prefetch: batches made ahead in a second background thread, which also runs
-                ``transform`` (default 0: batches are made in the caller's thread). Worth it
-                when ``transform`` is heavy and releases the GIL (torch ops) and a core is
-                free; on two cores the default is faster.
+                ``transform`` (default 0: batches are made in the caller's thread). Worth
+                trying when ``transform`` is heavy, releases the GIL (torch ops) and a core
+                is free; otherwise it only adds a hand-over between threads per batch.
             shuffle_window: row groups whose rows are mixed together when shuffling. The
                 loader holds up to about three windows at once (one being read, one queued,
                 one being cut into batches), so its memory is about
