@@ -194,9 +194,16 @@ class SparkDatasetConverter:
             cur_shard: this rank's shard (default: ``sparktrain.worker.context.rank()``).
             shard_count: number of shards (default: ``world_size()``).
             columns: columns to load (default: all).
-            transform: function applied to each batch dict, in the background thread.
+            transform: function applied to each batch dict (in the batch thread when
+                ``prefetch`` > 0, else in the caller's thread).
             drop_last: drop rows so every batch is full, instead of padding shards.
-            prefetch: batches prepared ahead in a background thread (0: no thread).
+            read_ahead: read the next window of row groups in a background thread while
+                batches are cut from the current one (default True; False reads in the
+                thread that makes batches).
+            prefetch: batches made ahead in a second background thread, which also runs
+                ``transform`` (default 0: batches are made in the caller's thread). Worth
+                trying when ``transform`` is heavy, releases the GIL (torch ops) and a core
+                is free; otherwise it only adds a hand-over between threads per batch.
             shuffle_window: row groups whose rows are mixed together when shuffling. The
                 loader holds up to about three windows at once (one being read, one queued,
                 one being cut into batches), so its memory is about
@@ -247,7 +254,9 @@ class SparkDatasetConverter:
         fs, root = filesystem(self.url, self.storage_options)
         path = posixpath.join(root, self.files[index])
         if is_local(fs):
-            parquet = pq.ParquetFile(path)
+            # Mapped, Arrow decodes column chunks straight from the page cache instead of
+            # first copying each one into a freshly allocated buffer.
+            parquet = pq.ParquetFile(path, memory_map=True)
             return parquet, parquet
         handle = fs.open(path, "rb")
         return pq.ParquetFile(handle), handle

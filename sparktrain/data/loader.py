@@ -3,16 +3,18 @@
 pyarrow, NumPy and torch only; this module must never import pyspark (it runs inside the
 training processes, which may have no Spark at all).
 
-Reading is bounded in memory: one *window* of ``shuffle_window`` row groups is read, mixed and
-cut into batches at a time. Two background threads overlap the work with training: one reads
-and mixes the next window while the other cuts batches (and runs ``transform``) up to
-``prefetch`` batches ahead.
+Reading is bounded in memory: one *window* of ``shuffle_window`` row groups is read and its
+rows mixed at a time. Columns come out of Arrow as NumPy views without a copy, and each batch
+is gathered from them in one copy per column into memory it owns (see
+:mod:`sparktrain.data.batching`); nothing works row by row in Python. By default one
+background thread reads (decodes Parquet, which releases the GIL) the next window while the
+caller's thread cuts batches from the current one; ``prefetch`` adds a second thread that
+makes batches (and runs ``transform``) ahead of the caller.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,9 +23,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from sparktrain.data.batching import Arrays, Window, cut
 from sparktrain.data.columns import to_numpy
 from sparktrain.data.prefetch import Background
 from sparktrain.data.sharding import (
+    Segment,
     plan_shard,
     row_order_in_piece,
     shard_size,
@@ -35,28 +39,18 @@ from sparktrain.errors import ConfigurationError, SparkTrainError
 if TYPE_CHECKING:
     from sparktrain.data.dataset import SparkDatasetConverter
 
-Arrays = dict[str, np.ndarray]
-
 # Parquet files kept open per pass (pieces of one file are often visited close together).
 _OPEN_FILES = 4
-
-
-@dataclasses.dataclass
-class _Block:
-    """Rows of one window, mixed, with the epoch bookkeeping the batcher needs."""
-
-    epoch: int
-    arrays: Arrays
-    rows: int
-    last: bool
-    batches: int
 
 
 class _Pass(Iterator[Any]):
     """One pass over the loader; a newer pass stops it, and then it raises if used."""
 
-    def __init__(self, batches: Iterator[Any]) -> None:
+    def __init__(self, batches: Iterator[Any], *threads: Background[Any]) -> None:
+        # The read-ahead thread behind ``batches`` is closed by name as well: closing a
+        # generator that never ran does not run its ``finally``, which would close it.
         self._batches = batches
+        self._stages: tuple[Iterator[Any], ...] = (batches, *threads)
         self._superseded = False
 
     def __next__(self) -> Any:
@@ -71,9 +65,10 @@ class _Pass(Iterator[Any]):
     def close(self, superseded: bool = False) -> None:
         """Stop the pass's threads and close its files."""
         self._superseded = superseded
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
+        for stage in self._stages:
+            close = getattr(stage, "close", None)
+            if close is not None:
+                close()
 
 
 class _PieceReader:
@@ -134,14 +129,17 @@ class TorchDataLoader:
         columns: Sequence[str] | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         drop_last: bool = False,
-        prefetch: int = 4,
+        read_ahead: bool = True,
+        prefetch: int = 0,
         shuffle_window: int = 4,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if num_epochs is not None:
             _check_int("num_epochs", num_epochs, 1, " (or None to repeat forever)")
         _check_int("shuffle_window", shuffle_window, 1)
-        _check_int("prefetch", prefetch, 0, " (0 reads in the calling thread)")
+        _check_int("prefetch", prefetch, 0, " (0 makes batches in the calling thread)")
+        if not isinstance(read_ahead, bool):
+            raise ConfigurationError(f"read_ahead must be True or False; got {read_ahead!r}")
         _check_int("seed", seed, 0)
         if transform is not None and not callable(transform):
             raise ConfigurationError(f"transform must be callable; got {transform!r}")
@@ -164,6 +162,7 @@ class TorchDataLoader:
         self._seed = seed
         self._transform = transform
         self._drop_last = drop_last
+        self._read_ahead = read_ahead
         self._prefetch = prefetch
         self._window = shuffle_window if shuffle else 1
         self._piece_rows = [rows for _, _, rows in dataset.pieces]
@@ -196,17 +195,19 @@ class TorchDataLoader:
         else:
             epochs = range(start, start + self._num_epochs)
             self._next_epoch = start + self._num_epochs
-        batches: Iterator[Any]
-        if self._prefetch == 0:
-            batches = self._batches(self._blocks(epochs))
-        else:
-            blocks = Background(self._blocks(epochs), 1, "sparktrain-data-read")
-            batches = Background(self._batches(blocks), self._prefetch, "sparktrain-data-batch")
         # One pass at a time keeps memory bounded: a pass left early (break) would otherwise
         # keep its threads and windows until the loader closes.
         if self._pass is not None:
             self._pass.close(superseded=True)
-        self._pass = _Pass(batches)
+        windows: Iterator[Window] = self._windows(epochs)
+        reader: list[Background[Window]] = []
+        if self._read_ahead:
+            reader.append(Background(windows, 1, "sparktrain-data-read"))
+            windows = reader[0]
+        batches: Iterator[Any] = self._batches(windows)
+        if self._prefetch:
+            batches = Background(batches, self._prefetch, "sparktrain-data-batch")
+        self._pass = _Pass(batches, *reader)
         return self._pass
 
     def close(self) -> None:
@@ -221,7 +222,7 @@ class TorchDataLoader:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _blocks(self, epochs: Iterable[int]) -> Iterator[_Block]:
+    def _windows(self, epochs: Iterable[int]) -> Iterator[Window]:
         reader = _PieceReader(self._dataset, list(self._kinds))
         shapes: dict[str, tuple[int, ...]] = {}
         try:
@@ -236,63 +237,60 @@ class TorchDataLoader:
                     seed=self._seed,
                     shuffle=self._shuffle,
                 )
-                windows = [
+                groups = [
                     plan.segments[i : i + self._window]
                     for i in range(0, len(plan.segments), self._window)
                 ]
-                for number, window in enumerate(windows):
-                    arrays, rows = self._read_window(reader, window, epoch, number)
-                    for name, values in arrays.items():
-                        if shapes.setdefault(name, values.shape[1:]) != values.shape[1:]:
-                            raise ConfigurationError(
-                                f"column {name!r} changes width within the dataset "
-                                f"({shapes[name]} then {values.shape[1:]}); the loader needs "
-                                f"one array length or vector size per column"
-                            )
-                    last = number == len(windows) - 1
-                    yield _Block(epoch, arrays, rows, last, plan.batches)
+                for number, segments in enumerate(groups):
+                    window = self._read_window(reader, segments, epoch, number)
+                    for part in window.parts:
+                        for name, values in part.items():
+                            if shapes.setdefault(name, values.shape[1:]) != values.shape[1:]:
+                                raise ConfigurationError(
+                                    f"column {name!r} changes width within the dataset "
+                                    f"({shapes[name]} then {values.shape[1:]}); the loader "
+                                    f"needs one array length or vector size per column"
+                                )
+                    window.last = number == len(groups) - 1
+                    window.batches = plan.batches
+                    yield window
         finally:
             reader.close()
 
     def _read_window(
-        self, reader: _PieceReader, window: Sequence[Any], epoch: int, number: int
-    ) -> tuple[Arrays, int]:
-        """Read a window's segments; when shuffling, mix their rows with a seeded order."""
+        self, reader: _PieceReader, segments: Sequence[Segment], epoch: int, number: int
+    ) -> Window:
+        """Read a window's segments; when shuffling, mix their rows with a seeded order.
+
+        The columns stay as Arrow produced them (no copy); only the order is computed here.
+        """
+        if not self._shuffle:
+            (segment,) = segments  # without shuffling a window is one segment
+            table = reader.read(segment.piece).slice(segment.start, segment.rows)
+            return Window(epoch, [self._convert(table)], None, None, segment.rows, False, 0)
         parts: list[Arrays] = []
-        positions: list[np.ndarray] = []
-        offset = 0
-        for segment in window:
+        rows: list[np.ndarray] = []
+        for segment in segments:
             table = reader.read(segment.piece)
             order = row_order_in_piece(
                 table.num_rows,
                 piece=segment.piece,
                 epoch=epoch,
                 seed=self._seed,
-                shuffle=self._shuffle,
+                shuffle=True,
             )
-            if order is None:
-                table = table.slice(segment.start, segment.rows)
-                local = np.arange(segment.rows)
-            elif segment.rows == table.num_rows:
-                local = order
-            else:
-                table = table.take(pa.array(order[segment.start : segment.stop]))
-                local = np.arange(segment.rows)
+            local = np.arange(table.num_rows) if order is None else order
             parts.append(self._convert(table))
-            positions.append(local + offset)
-            offset += table.num_rows
-        if not self._shuffle:
-            # The arrays may view read-only Arrow memory; batches must own writable memory.
-            return {n: np.require(v, requirements=["W"]) for n, v in parts[0].items()}, offset
-        index = np.concatenate(positions)
-        index = index[
-            window_order(
-                len(index), window=number, shard=self.cur_shard, epoch=epoch, seed=self._seed
-            )
-        ]
-        if len(parts) == 1:
-            return {n: v[index] for n, v in parts[0].items()}, len(index)
-        return {n: np.concatenate([part[n] for part in parts])[index] for n in parts[0]}, len(index)
+            rows.append(local[segment.start : segment.stop])
+        row_of = np.concatenate(rows)
+        mix = window_order(
+            len(row_of), window=number, shard=self.cur_shard, epoch=epoch, seed=self._seed
+        )
+        part_of = None
+        if len(parts) > 1:
+            sizes = [len(part_rows) for part_rows in rows]
+            part_of = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)[mix]
+        return Window(epoch, parts, row_of[mix], part_of, len(row_of), False, 0)
 
     def _convert(self, table: pa.Table) -> Arrays:
         return {
@@ -300,59 +298,19 @@ class TorchDataLoader:
             for name, kind in self._kinds.items()
         }
 
-    def _batches(self, blocks: Iterator[_Block]) -> Iterator[Any]:
-        """Cut the blocks of each epoch into batches of ``batch_size`` rows."""
+    def _batches(self, windows: Iterator[Window]) -> Iterator[Any]:
+        """Cut the windows of each epoch into batches of tensors (and apply ``transform``)."""
         try:
-            yield from self._cut(blocks)
+            for arrays in cut(windows, self._batch_size, self.cur_shard):
+                batch: dict[str, Any] = {
+                    name: values.tolist() if values.dtype == object else torch.from_numpy(values)
+                    for name, values in arrays.items()
+                }
+                yield batch if self._transform is None else self._transform(batch)
         finally:
-            close = getattr(blocks, "close", None)
+            close = getattr(windows, "close", None)
             if close is not None:
                 close()
-
-    def _cut(self, blocks: Iterator[_Block]) -> Iterator[Any]:
-        size = self._batch_size
-        carry: list[Arrays] = []
-        carried = 0
-        made = 0
-        for block in blocks:
-            start = 0
-            if carried:
-                take = min(size - carried, block.rows)
-                carry.append({n: v[:take] for n, v in block.arrays.items()})
-                carried += take
-                start = take
-                if carried == size:
-                    yield self._emit(_concat(carry))
-                    made, carry, carried = made + 1, [], 0
-            while block.rows - start >= size:
-                yield self._emit({n: v[start : start + size] for n, v in block.arrays.items()})
-                made, start = made + 1, start + size
-            if start < block.rows:
-                carry.append({n: v[start:] for n, v in block.arrays.items()})
-                carried += block.rows - start
-            if block.last:
-                if carried:
-                    yield self._emit(_concat(carry))
-                    made, carry, carried = made + 1, [], 0
-                if made != block.batches:
-                    raise SparkTrainError(
-                        f"internal error: shard {self.cur_shard} made {made} batches in epoch "
-                        f"{block.epoch} instead of {block.batches}; please report this bug"
-                    )
-                made = 0
-
-    def _emit(self, arrays: Arrays) -> Any:
-        batch: dict[str, Any] = {
-            name: values.tolist() if values.dtype == object else torch.from_numpy(values)
-            for name, values in arrays.items()
-        }
-        return batch if self._transform is None else self._transform(batch)
-
-
-def _concat(parts: list[Arrays]) -> Arrays:
-    if len(parts) == 1:
-        return parts[0]
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _check_int(name: str, value: object, minimum: int, hint: str = "") -> None:
