@@ -4,7 +4,7 @@ Usage::
 
     sparktrain run --np 2 train.py -- --lr 0.1        # 2 ranks on Spark executors
     sparktrain run --np -2 mypkg.train:main -- --lr 0.1  # 2 ranks on this machine, no Spark
-    sparktrain doctor [--spark]
+    sparktrain doctor [--spark] [--master URL [--checkpoint URL] [--conf KEY=VALUE]]
 
 TARGET is either a script or ``module:function``:
 
@@ -103,6 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--spark",
         action="store_true",
         help="also start a local SparkSession and run a barrier stage (slow)",
+    )
+    doctor.add_argument(
+        "--master",
+        default=None,
+        help="a cluster to check host by host (spark://HOST:PORT, yarn, k8s://…): one task "
+        "per executor reports versions, GPUs and network interfaces",
+    )
+    doctor.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="URL",
+        help="with --master: check that this checkpoint URL is writable and shared by every host",
+    )
+    doctor.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark setting for the session --master creates (repeatable)",
     )
     return parser
 
@@ -235,6 +254,29 @@ def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(options: argparse.Namespace) -> int:
+    """``sparktrain doctor``: returns the exit code."""
+    from sparktrain import doctor
+
+    conf = _parse_conf(options.conf)
+    if (options.checkpoint or conf) and not options.master:
+        raise UsageError("--checkpoint and --conf need --master: the cluster to check them on")
+    if options.master is None:
+        return doctor.main(spark=options.spark)
+    try:
+        session = _spark_session(options.master, 1, conf, "sparktrain doctor")
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Java missing, bad master, …
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"could not start Spark (master {options.master}): {first}") from None
+    try:
+        return doctor.main(spark=options.spark, session=session, checkpoint=options.checkpoint)
+    finally:
+        with contextlib.suppress(Exception):
+            session.stop()
+
+
 def _runner_settings(options: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~sparktrain.runner.SparkRunner` settings that the options give."""
     from sparktrain.units import parse_duration
@@ -267,9 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.command == "doctor":
             if args:
                 raise UsageError("sparktrain doctor takes no ARGS")
-            from sparktrain import doctor
-
-            return doctor.main(spark=options.spark)
+            return cmd_doctor(options)
         return cmd_run(options, args)
     except UsageError as exc:
         print(f"sparktrain: {exc}", file=sys.stderr)

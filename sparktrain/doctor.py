@@ -9,18 +9,27 @@ the command.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from sparktrain import doctor_probes as probes
 from sparktrain.doctor_probes import ESSENTIALS, FAIL, OK, SKIP, WARN, Check
 
 
-def run_checks(spark: bool = False) -> list[Check]:
+def run_checks(
+    spark: bool = False,
+    session: Any = None,
+    checkpoint: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[Check]:
     """Every check, in display order; a probe that crashes becomes a failed row.
 
     Args:
         spark: also start a local SparkSession and run a barrier stage (slow).
+        session: a SparkSession whose executors to check, host by host (see
+            :mod:`sparktrain.doctor_cluster`).
+        checkpoint: a checkpoint URL to check from the executors: writable, and shared.
+        env: environment the executors check ``checkpoint`` with (credentials, endpoint).
     """
     pyspark_version = probes.installed_pyspark_version()
     gpus, why = _safe(probes.probe_gpus, ([], "probe failed"))
@@ -36,6 +45,7 @@ def run_checks(spark: bool = False) -> list[Check]:
         ("mpirun", probes.check_mpirun),
         ("gpus", lambda: probes.check_gpus(gpus, why)),
         ("spark gpus", lambda: probes.check_spark_gpus(gpus, pyspark_version, conf, where)),
+        ("cluster", lambda: _cluster(session, checkpoint, env)),
     ]
     rows: list[Check] = []
     for name, check in checks:
@@ -45,6 +55,17 @@ def run_checks(spark: bool = False) -> list[Check]:
             detail = f"the check itself failed: {type(exc).__name__}: {exc}"
             rows.append(Check(name, FAIL, detail, essential=name in ESSENTIALS))
     return rows
+
+
+def _cluster(session: Any, checkpoint: str | None, env: Mapping[str, str] | None) -> list[Check]:
+    if session is None:
+        if checkpoint:
+            detail = "the checkpoint URL is checked from the executors: give --master URL"
+            return [Check("checkpoint", SKIP, detail)]
+        return [Check("cluster", SKIP, "no cluster given (sparktrain doctor --master URL)")]
+    from sparktrain.doctor_cluster import cluster_checks
+
+    return cluster_checks(session, checkpoint, env=env)
 
 
 def _safe(fn: Callable[[], Any], default: Any) -> Any:
@@ -87,16 +108,31 @@ def render(checks: Sequence[Check], stream: TextIO) -> None:
         )
 
 
-def main(spark: bool = False, stream: TextIO | None = None) -> int:
+def main(
+    spark: bool = False,
+    stream: TextIO | None = None,
+    session: Any = None,
+    checkpoint: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Run every check and print the table.
 
     Args:
         spark: also start a local SparkSession and run a barrier stage (slow).
         stream: where the table goes (default: stdout).
+        session: a SparkSession on the cluster to check, host by host (default: the active
+            one, if any).
+        checkpoint: a checkpoint URL to check from every host: writable, and shared.
+        env: environment the executors check ``checkpoint`` with, as ``SparkRunner(env=...)``
+            gives it to ranks (credentials, an endpoint).
 
     Returns:
-        0 when the essentials are fine, else 1.
+        0 when the essentials (and every host's versions) are fine, else 1.
     """
-    checks = run_checks(spark=spark)
+    if session is None and "pyspark" in sys.modules:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+    checks = run_checks(spark=spark, session=session, checkpoint=checkpoint, env=env)
     render(checks, stream or sys.stdout)
     return 1 if missing_essentials(checks) else 0

@@ -22,6 +22,7 @@ from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import (
+    CapacityError,
     PayloadError,
     RendezvousTimeoutError,
     RunStalledError,
@@ -73,13 +74,20 @@ class Attempts:
                 from sparktrain.driver.capacity import check_capacity
 
                 start = time.monotonic()
-                check_capacity(
-                    self.session.sparkContext,
-                    job.tasks,
-                    config.capacity_wait,
-                    since=since,
-                    ranks_per_task=job.ranks_per_task,
-                )
+                try:
+                    check_capacity(
+                        self.session.sparkContext,
+                        job.tasks,
+                        config.capacity_wait,
+                        since=since,
+                        ranks_per_task=job.ranks_per_task,
+                    )
+                except CapacityError as exc:
+                    if job.attempt == 0:
+                        raise
+                    attempt.error = _not_back(exc, config, job.attempt, self.record)
+                    attempt.cause = _first_line(attempt.error)
+                    raise attempt.error from exc
                 attempt.phases["capacity_wait"] = time.monotonic() - start
             try:
                 return _rank0_result(
@@ -151,6 +159,21 @@ def _detached_note(config: RunConfig, job: TaskJob) -> str:
         "the executors cannot reach this client: no live output or progress from the ranks "
         f"({where}); the result, and a failed rank's error and last lines, come back with "
         "the Spark job"
+    )
+
+
+def _not_back(
+    error: CapacityError, config: RunConfig, attempt: int, record: RunRecord
+) -> CapacityError:
+    """The error of a restart that found too few executors: what was lost, and how long it
+    waited for them to come back (a lost host's executors return only when the cluster
+    replaces the host or restarts its worker)."""
+    previous = record.attempts[-2].cause if len(record.attempts) > 1 else None
+    return CapacityError(
+        f"attempt {attempt + 1}/{config.max_restarts + 1} could not start: the executors lost "
+        f"with attempt {attempt} ({previous or 'its failure'}) did not come back within "
+        f"capacity_wait={config.capacity_wait:g}s ({conf_key('capacity_wait')}). {error} "
+        "Raise capacity_wait to wait longer for the cluster to replace them."
     )
 
 

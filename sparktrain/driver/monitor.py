@@ -371,6 +371,7 @@ class RunMonitor:
                 ranks = [r for r, m in self.started.items() if m.get("index") == index]
                 failure = WorkerFailure(
                     rank=ranks[0] if ranks else index,
+                    host=str(self.infos.get(index, {}).get("host") or ""),
                     phase="lost",
                     time=time.time(),
                     message="its Spark task vanished (executor lost or Python worker "

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.shared_s3 import SharedS3, shared_s3
 from tests.cluster.standalone import StandaloneCluster, standalone_cluster
 from tests.conftest import spark_test_conf
 
@@ -93,6 +94,15 @@ def cluster_spark(cluster: StandaloneCluster):
         finally:
             session.stop()
             forget_conf(session, cluster_conf(cluster))
+
+
+@pytest.fixture(scope="package")
+def cluster_s3(cluster: StandaloneCluster) -> Iterator[SharedS3]:
+    """Shared storage: an S3 endpoint on the bridge's address, which every host reaches."""
+    pytest.importorskip("s3fs", reason="s3fs is needed for shared storage on the cluster tier")
+    pytest.importorskip("moto.server", reason="moto[server] is needed for the cluster's S3")
+    with shared_s3(cluster.hosts.gateway) as made:
+        yield made
 
 
 def forget_conf(session, conf: dict[str, str]) -> None:

@@ -111,7 +111,7 @@ class StandaloneCluster:
 
     def _start_worker(self, spark_class: str, host: Host) -> subprocess.Popen[bytes]:
         work = self.dir / f"work-{host.name}"
-        work.mkdir()
+        work.mkdir(exist_ok=True)  # a restarted Worker reuses its host's folder
         log = self.dir / f"worker-{host.name}.log"
         self.worker_logs[host.name] = log
         argv = [
@@ -131,6 +131,20 @@ class StandaloneCluster:
                 f"-Dspark.worker.resource.gpu.discoveryScript={script}"
             )
         return self.hosts.popen(host, [*argv, self.master_url], env, log)
+
+    def restart_worker(self, host: Host) -> None:
+        """Start ``host``'s Worker again (after :meth:`Hosts.kill_host`): the host came back,
+        with an empty disk, and registers with the master anew."""
+        log = self.worker_logs[host.name]
+        before = log.read_text().count("Successfully registered with master")
+        proc = self._start_worker(str(spark_home() / "bin" / "spark-class"), host)
+        deadline = time.monotonic() + 90
+        while log.read_text().count("Successfully registered with master") == before:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{log.name} exited:\n{log.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host.name}'s Worker did not register in 90 s:\n{self.logs()}")
+            time.sleep(0.2)
 
     def logs(self) -> str:
         """Every daemon's log, for a failure message."""

@@ -27,7 +27,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("driver",),  # on the driver
     ("runner",),  # the public runner
     ("inference", "ml"),  # Spark ML stages and batched inference, on top of the runner
-    ("__init__", "__main__", "cli", "cli_target", "doctor", "doctor_probes", "examples"),
+    (
+        "__init__",
+        "__main__",
+        "cli",
+        "cli_target",
+        "doctor",
+        "doctor_probes",
+        "doctor_cluster",
+        "doctor_host",
+        "examples",
+    ),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
