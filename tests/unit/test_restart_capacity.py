@@ -41,7 +41,9 @@ def lose_a_host(self: Attempts, job: TaskJob, attempt: Any) -> list[dict[str, An
 def test_restart_without_the_lost_executors_names_them_and_capacity_wait(monkeypatch):
     calls: list[float | None] = []
 
-    def check(sc: Any, n: int, wait: float, since: float | None = None) -> None:
+    def check(
+        sc: Any, n: int, wait: float, since: float | None = None, ranks_per_task: int = 1
+    ) -> None:
         calls.append(since)
         if since is not None:  # the restart: the host's executors never came back
             raise CapacityError(REFUSAL)
@@ -65,7 +67,9 @@ def test_restart_without_the_lost_executors_names_them_and_capacity_wait(monkeyp
 
 
 def test_first_launch_refusal_is_unchanged(monkeypatch):
-    def check(sc: Any, n: int, wait: float, since: float | None = None) -> None:
+    def check(
+        sc: Any, n: int, wait: float, since: float | None = None, ranks_per_task: int = 1
+    ) -> None:
         raise CapacityError(REFUSAL)
 
     monkeypatch.setattr(capacity, "check_capacity", check)
