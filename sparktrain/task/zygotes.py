@@ -10,7 +10,8 @@ zygote of its own.
 
 A zygote lives as long as the process that started it (an executor's Python worker, or the
 driver for ``np < 0``) and no longer than ``ZYGOTE_IDLE`` seconds without work. At most
-:data:`MAX_ZYGOTES` are kept per process; the oldest goes first.
+:data:`MAX_ZYGOTES` are kept per process; the oldest idle one goes first, and while every
+one kept has ranks running, a rank of yet another environment starts cold.
 """
 
 from __future__ import annotations
@@ -159,6 +160,11 @@ class Zygote:
         with contextlib.suppress(OSError):
             self.proc.wait(timeout=5)
 
+    @property
+    def idle(self) -> bool:
+        """Whether none of the ranks it forked is still running."""
+        return not self._ranks
+
     def loaded(self, timeout: float = 0.0) -> bool:
         """Whether it has finished loading (or ended), waiting at most ``timeout`` s."""
         return self._ready.wait(timeout) if timeout > 0 else self._ready.is_set()
@@ -209,6 +215,23 @@ _zygotes_lock = threading.Lock()
 _unusable: set[Key] = set()
 
 
+def _make_room() -> bool:
+    """Let the oldest idle zygotes go until there is room for one more (lock held).
+
+    A zygote whose ranks still run is kept: they are its children, and only it can say how
+    they end.
+
+    Returns:
+        Whether there is room.
+    """
+    for key in list(_zygotes):
+        if len(_zygotes) < MAX_ZYGOTES:
+            break
+        if _zygotes[key].idle:
+            _zygotes.pop(key).close()
+    return len(_zygotes) < MAX_ZYGOTES
+
+
 def zygote_for(env: Mapping[str, str], cwd: str, wait: float = 0.0) -> Zygote | None:
     """A loaded zygote for ranks with ``env`` in ``cwd``; one is started if none fits.
 
@@ -225,8 +248,10 @@ def zygote_for(env: Mapping[str, str], cwd: str, wait: float = 0.0) -> Zygote | 
             return None
         zygote = _zygotes.get(key)
         if zygote is None or zygote.gone:
-            while len(_zygotes) >= MAX_ZYGOTES:
-                _zygotes.popitem(last=False)[1].close()
+            if zygote is not None:
+                del _zygotes[key]
+            if not _make_room():
+                return None  # every zygote kept has ranks running: this one starts cold
             try:
                 zygote = _zygotes[key] = Zygote(env, cwd)
             except OSError as exc:

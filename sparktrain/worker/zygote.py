@@ -167,7 +167,7 @@ def serve(sock: socket.socket, idle: float) -> None:
         send(sock, {"pid": pid})
 
 
-def main() -> None:
+def main() -> NoReturn:
     """Load, say ready (and how it went), then serve."""
     fd = int(os.environ.pop(contract.ZYGOTE_FD_ENV))
     idle = float(os.environ.pop(contract.ZYGOTE_IDLE_ENV, "600"))
@@ -177,6 +177,9 @@ def main() -> None:
         serve(sock, idle)
     except (OSError, ValueError):
         pass  # the owner went away mid-message
+    # Nothing to flush or tear down: leave at once (an interpreter that loaded torch can take
+    # seconds to tear down on a busy machine, and its owner is already gone).
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -192,6 +192,21 @@ def test_the_first_rank_starts_cold_while_its_zygote_loads(ranks: Ranks) -> None
     loading.close()
 
 
+def test_a_zygote_with_running_ranks_is_never_let_go(ranks: Ranks) -> None:
+    napper = ranks.start(0, cell("nap"), 60, OMP_NUM_THREADS="5")
+    busy = ranks.zygotes[0]
+    assert "napping" in _wait_line(ranks, 0, "napping")
+    # Fill the process's zygotes with other environments: the busy one must stay.
+    for threads in ("6", "7"):
+        env = ranks.env(9, OMP_NUM_THREADS=threads)
+        zygotes.zygote_for(env, ranks.cwd, wait=120)
+    assert not busy.gone and busy.proc.poll() is None
+    assert napper.proc.poll() is None  # its rank still runs
+    assert len(zygotes._zygotes) <= zygotes.MAX_ZYGOTES
+    os.kill(napper.pid, signal.SIGKILL)
+    assert ranks.exit_code(0) == -signal.SIGKILL  # and its end still reaches the supervisor
+
+
 def test_another_early_variable_gets_another_zygote(ranks: Ranks) -> None:
     ranks.start(0, cell("place"), OMP_NUM_THREADS="1")
     ranks.start(1, cell("place"), OMP_NUM_THREADS="2")
