@@ -25,6 +25,8 @@ from sparktrain.wire import protocol
 CHUNK = 1 << 19
 # The driver's confirmation may take this long, plus a second for every 16 MiB.
 CONFIRM_TIMEOUT = 60.0
+# Why a result is not sent while the driver stops the run.
+STOPPING = "the run was being stopped when it finished"
 
 
 def deliver(
@@ -45,12 +47,15 @@ def deliver(
         data = record.get("result")
         if data is None:
             yield record
-            continue
-        error = _send(session, record["index"], data)
-        if error is None:
+        elif session.aborted.is_set():
+            # The driver is stopping the run (a timeout, a failed rank, Ctrl-C): it will not
+            # take a result now, and the rank did not fail.
+            yield _kept(session, record, data, host, STOPPING, stopped=True)
+        elif (error := _send(session, record["index"], data)) is None:
             yield {**record, "result": None, "result_sent": len(data)}
         else:
-            yield _kept(session, record, data, host, error)
+            # A stop that came while it was on its way is no failure of the rank either.
+            yield _kept(session, record, data, host, error, stopped=session.aborted.is_set())
 
 
 def _send(session: TaskSession, index: int, data: bytes) -> str | None:
@@ -70,9 +75,15 @@ def _send(session: TaskSession, index: int, data: bytes) -> str | None:
 
 
 def _kept(
-    session: TaskSession, record: dict[str, Any], data: bytes, host: str, why: str
+    session: TaskSession,
+    record: dict[str, Any],
+    data: bytes,
+    host: str,
+    why: str,
+    stopped: bool = False,
 ) -> dict[str, Any]:
-    """A failed record for a result the driver did not get, kept on this host if possible."""
+    """The record of a result the driver did not get, kept on this host if possible: failed,
+    or ``stopped`` when the driver was stopping the run."""
     job = session.job
     size = f"{len(data) / (1 << 20):.1f} MiB"
     where = keep_and_say(data, kept_result_name(job.run_id, job.attempt), host)
@@ -80,9 +91,10 @@ def _kept(
         rank=record["rank"],
         host=host,
         exit_code=0,
-        phase="result",
+        phase="stopped" if stopped else "result",
         time=time.time(),
         message=f"rank 0 finished, but its result ({size}) did not reach the driver: {why}; "
         + where,
     )
-    return {**record, "status": "failed", "result": None, "failure": failure.to_json()}
+    status = "stopped" if stopped else "failed"
+    return {**record, "status": status, "result": None, "failure": failure.to_json()}

@@ -173,6 +173,7 @@ class _Unreachable:
         self.answer = answer
         self.client = self
         self.fail_send = fail_send
+        self.aborted = threading.Event()
 
     def send(self, message: dict[str, Any]) -> None:
         if self.fail_send:
@@ -208,6 +209,28 @@ def test_a_result_the_driver_did_not_get_is_kept_on_the_task_host(
     assert f"it is kept in {kept} on host-a" in failure.message
     assert pickle.loads(kept.read_bytes()) == {"weights": list(range(1000))}
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("when", ["before", "while sending"])
+def test_a_result_that_comes_while_the_run_is_stopped_is_kept_and_no_failure(
+    tmpdir_for_kept: Path, when: str
+) -> None:
+    # A rank that saves and returns within its grace period after a timeout's SIGTERM: the
+    # driver is stopping the run and takes no result, and the rank did not fail.
+    data = pickle.dumps({"weights": [1, 2, 3]})
+    record = {"index": 0, "rank": 0, "status": "ok", "result": data, "failure": None}
+    session: Any = _Unreachable("the connection to the driver ended before it confirmed it", False)
+    if when == "before":
+        session.aborted.set()
+    else:
+        session.send = lambda message: session.aborted.set()  # the stop arrives meanwhile
+    (out,) = task_result.deliver(session, [record], "host-a")
+    assert out["status"] == "stopped" and out["result"] is None
+    failure = WorkerFailure.from_json(out["failure"])
+    kept = tmpdir_for_kept / "lost-attempt2-rank0.pkl"
+    assert failure.phase == "stopped" and failure.host == "host-a"
+    assert f"it is kept in {kept} on host-a" in failure.message
+    assert pickle.loads(kept.read_bytes()) == {"weights": [1, 2, 3]}
 
 
 def test_a_result_over_the_limit_is_kept_where_the_error_says(
