@@ -19,7 +19,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "porting
 
 
 def _work_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("sparktrain-*")}
+    """The task folders this process owns (np < 0: the driver is the ranks' task); other
+    processes on the machine make and remove their own meanwhile."""
+    pattern = f"sparktrain-*-{os.getpid()}-*"
+    return {p.name for p in Path(tempfile.gettempdir()).glob(pattern)}
 
 
 def test_script_runs_on_every_rank_with_its_argv(tmp_path: Path, monkeypatch) -> None:
