@@ -22,7 +22,11 @@ from sparktrain.data.dataset import (
     filesystem,
     normalize_url,
 )
+from sparktrain.data.task_writer import WRITERS, spark_lacks_filesystem, write_from_tasks
 from sparktrain.errors import ConfigurationError
+from sparktrain.log import get_logger
+
+_log = get_logger(__name__)
 
 CACHE_DIR_CONF = "spark.sparktrain.data.cacheDir"
 DEFAULT_CACHE_DIR = "file:///tmp/sparktrain-cache"
@@ -39,6 +43,7 @@ def make_spark_converter(
     dtype: str | None = "float32",
     storage_options: Mapping[str, Any] | None = None,
     shared: bool = False,
+    writer: str = "auto",
 ) -> SparkDatasetConverter:
     """Materialize ``df`` as Parquet under the cache directory, once per query plan.
 
@@ -62,6 +67,12 @@ def make_spark_converter(
             ``/dbfs``). Without it, the ranks refuse a local cache when they run on more
             than one host; with it, they check that every host sees the directory rank 0
             sees (see :meth:`SparkDatasetConverter.make_torch_dataloader`).
+        writer: who writes the files. ``"spark"``: Spark's Parquet writer, through its
+            Hadoop file systems. ``"tasks"``: each Spark task writes its partition with
+            pyarrow through fsspec and ``storage_options``, for stores Spark's Hadoop cannot
+            write (``s3a://`` without the S3A jars, ``gs://`` without the GCS connector).
+            ``"auto"`` (default): Spark's writer, and the tasks' where Spark has no file
+            system for the URL's scheme.
 
     Returns:
         A picklable :class:`SparkDatasetConverter`.
@@ -83,6 +94,8 @@ def make_spark_converter(
         raise ConfigurationError(
             f"row_group_size_bytes must be a positive int; got {row_group_size_bytes!r}"
         )
+    if writer not in WRITERS:
+        raise ConfigurationError(f"writer must be one of {', '.join(WRITERS)}; got {writer!r}")
     if dtype is not None and dtype not in SPARK_DTYPES:
         raise ConfigurationError(
             f"dtype must be one of {', '.join(SPARK_DTYPES)} or None; got {dtype!r}"
@@ -102,20 +115,16 @@ def make_spark_converter(
     if cached is not None:
         return dataclasses.replace(cached, shared=shared)
     _check_executor_access(spark, normalize_url(base), storage_options)
-    (
-        df.write.mode("overwrite")
-        .option("parquet.block.size", str(row_group_size_bytes))
-        .parquet(spark_url)
-    )
+    files = _write(df, spark_url, writer, row_group_size_bytes, storage_options)
+    if files == []:
+        fs.rm(root, recursive=True)
+        raise _empty_error()
     converter = SparkDatasetConverter.from_parquet(
-        url, dtype=dtype, storage_options=storage_options, shared=shared
+        url, files=files, dtype=dtype, storage_options=storage_options, shared=shared
     )
     if len(converter) == 0:
         converter.delete()
-        raise ConfigurationError(
-            "the DataFrame is empty (0 rows), so there is nothing to train on; check the "
-            "filters or joins that produce it"
-        )
+        raise _empty_error()
     if converter.null_counts:
         warnings.warn(
             f"columns with nulls: {dict(converter.null_counts)}; make_torch_dataloader refuses "
@@ -126,6 +135,48 @@ def make_spark_converter(
         )
     fs.pipe(posixpath.join(root, MANIFEST_NAME), json.dumps(converter.to_manifest()).encode())
     return converter
+
+
+def _write(
+    df: Any,
+    url: str,
+    writer: str,
+    row_group_size_bytes: int,
+    storage_options: Mapping[str, Any] | None,
+) -> list[str] | None:
+    """Write ``df`` under ``url``; the file names when the tasks wrote them, None when Spark
+    did (the directory is then listed)."""
+    if writer != "tasks":
+        try:
+            (
+                df.write.mode("overwrite")
+                .option("parquet.block.size", str(row_group_size_bytes))
+                .parquet(url)
+            )
+            return None
+        except Exception as exc:
+            if not spark_lacks_filesystem(exc):
+                raise
+            if writer == "spark":
+                raise ConfigurationError(
+                    f"Spark has no file system for {url} (its Hadoop configuration lacks the "
+                    f"scheme's jars); pass writer='tasks' (or 'auto') to write the cache "
+                    f"from the Spark tasks through fsspec, or add the connector to Spark"
+                ) from exc
+            _log.info("Spark cannot write %s; the Spark tasks write it through fsspec", url)
+    return write_from_tasks(
+        df,
+        normalize_url(url),
+        row_group_size_bytes=row_group_size_bytes,
+        storage_options=storage_options,
+    )
+
+
+def _empty_error() -> ConfigurationError:
+    return ConfigurationError(
+        "the DataFrame is empty (0 rows), so there is nothing to train on; check the "
+        "filters or joins that produce it"
+    )
 
 
 def _is_vector_udt(data_type: Any) -> bool:

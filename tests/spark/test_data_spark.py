@@ -45,8 +45,9 @@ def _read(converter: SparkDatasetConverter, shard: int, shards: int) -> list[dic
         return list(loader)
 
 
-def test_converts_dataframe_with_ml_vectors(vectors_df, cache_dir):
-    converter = make_spark_converter(vectors_df, cache_dir=cache_dir)
+@pytest.mark.parametrize("writer", ["spark", "tasks"])
+def test_converts_dataframe_with_ml_vectors(vectors_df, cache_dir, writer):
+    converter = make_spark_converter(vectors_df, cache_dir=cache_dir, writer=writer)
     assert len(converter) == 40
     assert converter.columns == ["id", "x", "arr", "vec", "raw"]
     assert str(converter.schema.field("x").type) == "float"  # cast to dtype="float32"
@@ -103,10 +104,48 @@ def test_cache_dir_comes_from_spark_conf(spark, cache_dir):
     converter.delete()
 
 
-def test_empty_dataframe_is_refused(spark, cache_dir, tmp_path):
+@pytest.mark.parametrize("writer", ["spark", "tasks"])
+def test_empty_dataframe_is_refused(spark, cache_dir, tmp_path, writer):
     with pytest.raises(ConfigurationError, match="DataFrame is empty"):
-        make_spark_converter(spark.range(10).filter("id < 0"), cache_dir=cache_dir)
+        make_spark_converter(spark.range(10).filter("id < 0"), cache_dir=cache_dir, writer=writer)
     assert not list((tmp_path / "cache").glob("df-*"))
+
+
+def test_tasks_write_one_file_per_partition_in_row_groups_of_the_given_size(spark, tmp_path):
+    import pyarrow.parquet as pq
+
+    df = spark.range(0, 4000, 1, 3).selectExpr("id", "CAST(id AS DOUBLE) / 2 AS x")
+    converter = make_spark_converter(
+        df, cache_dir=str(tmp_path), writer="tasks", row_group_size_bytes=8 << 10
+    )
+    assert len(converter.files) == 3 and all(f.startswith("part-") for f in converter.files)
+    on_disk = sorted(p.name for p in Path(converter.url[len("file://") :]).glob("*.parquet"))
+    assert on_disk == sorted(converter.files)
+    groups = [pq.ParquetFile(Path(converter.url[7:]) / f).num_row_groups for f in on_disk]
+    assert all(count > 1 for count in groups), groups  # 1333 rows × 12 bytes > 8 KiB
+    ids = sorted(i for batch in _read(converter, 0, 1) for i in batch["id"].tolist())
+    assert ids == list(range(4000))
+    again = make_spark_converter(
+        df, cache_dir=str(tmp_path), writer="tasks", row_group_size_bytes=8 << 10
+    )
+    assert again.url == converter.url and again.files == converter.files  # cached
+    converter.delete()
+
+
+def test_a_scheme_spark_cannot_write_is_written_by_the_tasks(spark, tmp_path):
+    # fsspec's local:// is the local disk under another name, which Spark's Hadoop does not
+    # know: as with s3a:// on a Spark without the S3A jars, its writer fails at once.
+    cache = f"local://{tmp_path}/cache"
+    with pytest.raises(ConfigurationError, match=r"Spark has no file system.*writer='tasks'"):
+        make_spark_converter(spark.range(20), cache_dir=cache, writer="spark")
+    converter = make_spark_converter(spark.range(0, 20, 1, 2), cache_dir=cache)
+    assert converter.url.startswith(cache + "/") and len(converter.files) == 2
+    assert sorted(i for b in _read(converter, 0, 1) for i in b["id"].tolist()) == list(range(20))
+
+
+def test_an_unknown_writer_is_refused(spark, cache_dir):
+    with pytest.raises(ConfigurationError, match="writer must be one of auto, spark, tasks"):
+        make_spark_converter(spark.range(3), cache_dir=cache_dir, writer="hadoop")
 
 
 def test_unsupported_column_is_refused_before_writing(spark, cache_dir, tmp_path):

@@ -1,0 +1,126 @@
+"""Driver side: write a DataFrame as Parquet from the Spark tasks, through fsspec.
+
+Spark's own writer reaches only the file systems its Hadoop configuration knows: without the
+S3A jars, ``s3a://`` fails with ``ClassNotFoundException``, and ``s3://`` or ``gs://`` may
+have no implementation at all. Here each task writes its partition with pyarrow to the fsspec
+URL instead, so any store the ranks can read (with the same ``storage_options``) can hold the
+cache. pyspark is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from sparktrain.data.dataset import filesystem
+
+WRITERS = ("auto", "spark", "tasks")
+PART_PREFIX = "part-"
+
+
+def spark_lacks_filesystem(exc: BaseException) -> bool:
+    """Whether Spark's writer failed because its Hadoop has no file system for the URL."""
+    text = str(exc)
+    return (
+        "UnsupportedFileSystemException" in text
+        or "No FileSystem for scheme" in text
+        or ("ClassNotFoundException" in text and "FileSystem" in text)
+    )
+
+
+def write_from_tasks(
+    df: Any,
+    url: str,
+    *,
+    row_group_size_bytes: int,
+    storage_options: Mapping[str, Any] | None,
+) -> list[str]:
+    """Write ``df`` as Parquet files under ``url``, one per non-empty partition.
+
+    What was under ``url`` is removed first (a directory without a manifest is an earlier,
+    unfinished write). Files left by failed or speculative task attempts are removed after
+    the job, so only the files of the attempts Spark counted remain.
+
+    Returns:
+        The written file names, relative to ``url``, in partition order.
+    """
+    fs, root = filesystem(url, storage_options)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    fs.makedirs(root, exist_ok=True)
+    write = _partition_writer(url, dict(storage_options or {}), row_group_size_bytes)
+    rows = df.mapInArrow(write, "partition long, file string").collect()
+    names = [row["file"] for row in sorted(rows, key=lambda row: row["partition"]) if row["file"]]
+    _remove_strays(fs, root, set(names))
+    return names
+
+
+def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> Any:
+    """The function each task runs over its partition's Arrow batches."""
+
+    # A closure, so cloudpickle ships it by value and the executors need nothing importable
+    # beyond pyarrow and fsspec (which the ranks need anyway to read the files).
+    def write(batches: Any) -> Any:
+        import posixpath
+        import uuid
+
+        import fsspec.core
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        fs, root = fsspec.core.url_to_fs(url, **options)
+        name = f"part-{partition:05d}-{uuid.uuid4().hex[:12]}.parquet"
+        pending: list[Any] = []
+        group_rows = 0  # rows per row group, from the first batch's bytes per row
+        sink = writer = None
+
+        def flush(rows: int) -> None:
+            # Whole row groups of about group_bytes of Arrow data (like parquet.block.size);
+            # what is left over stays pending.
+            nonlocal sink, writer
+            table = pa.Table.from_batches(pending)
+            if writer is None:
+                sink = fs.open(posixpath.join(root, name), "wb")
+                writer = pq.ParquetWriter(sink, table.schema)
+            writer.write_table(table.slice(0, rows), row_group_size=group_rows)
+            pending[:] = table.slice(rows).to_batches()
+
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                if not group_rows:
+                    group_rows = max(1, group_bytes * batch.num_rows // max(1, batch.nbytes))
+                pending.append(batch)
+                rows = sum(b.num_rows for b in pending)
+                if rows >= group_rows:
+                    flush(rows - rows % group_rows)
+            if pending:
+                flush(sum(b.num_rows for b in pending))
+        finally:
+            if writer is not None:
+                writer.close()
+            if sink is not None:
+                sink.close()
+        written = writer is not None
+        yield pa.RecordBatch.from_pydict(
+            {"partition": [partition], "file": [name if written else None]},
+            schema=pa.schema([("partition", pa.int64()), ("file", pa.string())]),
+        )
+
+    return write
+
+
+def _remove_strays(fs: Any, root: str, keep: set[str]) -> None:
+    """Remove part files under ``root`` that no counted task attempt reported."""
+    for path in fs.find(root):
+        name = posixpath.basename(path)
+        if name.startswith(PART_PREFIX) and name not in keep:
+            try:
+                fs.rm(path)
+            except FileNotFoundError:
+                pass
