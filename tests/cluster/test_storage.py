@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sparktrain import SparkRunner, WorkerFailedError
+from sparktrain.data import make_spark_converter
 from tests.cluster.hosts import HOST_DISK
-from tests.fixtures import cluster_trainers
+from tests.fixtures import cluster_trainers, shared_path_trainers
 
 pytestmark = pytest.mark.cluster
 
@@ -24,3 +25,20 @@ def test_local_checkpoint_dir_is_refused_when_ranks_span_hosts(cluster_spark):
     assert f"checkpoint directory '{HOST_DISK}/ckpt' is a local path" in message
     assert "2 of 4 ranks on this one" in message
     assert "shared=True" in message
+
+
+def test_a_converter_cache_on_s3_is_written_by_the_tasks_and_read_on_every_host(
+    cluster_spark, cluster_s3
+):
+    # The cluster's Spark has no S3A jars: its writer fails, and the tasks write through s3fs.
+    bucket = cluster_s3.new_bucket("cache")
+    df = cluster_spark.range(0, 64, 1, 4).selectExpr("CAST(id AS DOUBLE) AS x")
+    converter = make_spark_converter(
+        df, cache_dir=f"s3a://{bucket}/cache", storage_options=cluster_s3.storage_options
+    )
+    assert converter.url.startswith(f"s3a://{bucket}/cache/df-")
+    stored = sorted(path.rsplit("/", 1)[1] for path in cluster_s3.fs().find(bucket))
+    assert stored == sorted([*converter.files, "_sparktrain_manifest.json"])
+    assert len(converter.files) == 4
+    counts = SparkRunner(np=4).run(shared_path_trainers.rows_per_rank, converter=converter)
+    assert counts == [16, 16, 16, 16]
