@@ -11,6 +11,8 @@ Run it::
     python -m sparktrain.examples.digits                 # 2 ranks on Spark executors
     python -m sparktrain.examples.digits --np -2         # 2 ranks on this machine, no Spark
     python -m sparktrain.examples.digits --resume DIR --epochs 15   # continue a run
+    python -m sparktrain.examples.digits --master spark://HOST:7077 --np 4 \
+        --checkpoint-dir s3://bucket/digits    # on a cluster: checkpoints on shared storage
 """
 
 from __future__ import annotations
@@ -222,6 +224,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="where the plot and checkpoints go (default ./sparktrain-out)",
     )
     parser.add_argument(
+        "--checkpoint-dir",
+        default="",  # not None: _common.parse would fill that in under ./sparktrain-out
+        help="where rank 0 saves a checkpoint each epoch: a local path or an fsspec URL "
+        "(s3://, gs://, ...); on a cluster of several hosts it must be storage they share "
+        "(default: a fresh directory under OUT_DIR/checkpoints)",
+    )
+    parser.add_argument(
         "--resume",
         metavar="CHECKPOINT_DIR",
         default=None,
@@ -229,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = _common.parse(parser, argv)
     out = Path(args.out_dir)
-    ckpt_dir = args.resume or _common.fresh_dir(out / "checkpoints", "digits")
+    if args.resume and args.checkpoint_dir:
+        parser.error("--resume names the checkpoint directory: leave out --checkpoint-dir")
+    ckpt_dir = (
+        args.resume or args.checkpoint_dir or _common.fresh_dir(out / "checkpoints", "digits")
+    )
     data = (
         f"scikit-learn's bundled handwritten digits (1797 real 8x8 images; "
         f"{1797 - _data.DIGITS_TEST_SIZE} train / {_data.DIGITS_TEST_SIZE} test), "

@@ -71,10 +71,16 @@ def test_digits_main_job_reaches_95_percent_and_plots(np_flag, tmp_path, capsys)
     assert len(ckpt.state["history"]) == len(rows)
 
 
-def test_digits_resumes_on_the_driver(tmp_path):
+def test_digits_resumes_on_the_driver(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the plot goes to ./sparktrain-out
     from sparktrain.examples import digits
 
-    first = digits.main(["--np", "-2", "--epochs", "1", "--out-dir", str(tmp_path)])
+    directory = str(tmp_path / "ckpt")
+    first = digits.main(["--np", "-2", "--epochs", "1", "--checkpoint-dir", directory])
+    assert first["checkpoint_dir"] == directory
+    with pytest.raises(SystemExit):  # before any rank starts
+        digits.main(["--np", "-2", "--resume", directory, "--checkpoint-dir", directory])
+    assert "--resume names the checkpoint directory" in capsys.readouterr().err
     again = digits.main(
         [
             "--np",
