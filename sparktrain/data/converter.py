@@ -54,10 +54,11 @@ def make_spark_converter(
     Args:
         df: a Spark DataFrame whose columns are numbers, arrays of numbers, ML vectors,
             binary or strings.
-        cache_dir: where to write, any URL that Spark writes and fsspec reads (``hdfs://``,
-            ``s3a://``, ``abfss://``, ``dbfs:/``, ``file://`` on a shared mount). Default: the
-            Spark conf ``spark.sparktrain.data.cacheDir``, else ``file:///tmp/sparktrain-cache``
-            (fine when the driver and executors share one machine). Plain paths are local.
+        cache_dir: where to write, any URL that fsspec reads (``hdfs://``, ``s3a://``,
+            ``abfss://``, ``dbfs:/``, ``file://`` on a shared mount); Spark or its tasks
+            write it, see ``writer``. Default: the Spark conf
+            ``spark.sparktrain.data.cacheDir``, else ``file:///tmp/sparktrain-cache`` (fine
+            when the driver and executors share one machine). Plain paths are local.
         row_group_size_bytes: Parquet row group size; the loader reads one row group at a
             time, so this bounds its memory per row group.
         dtype: ``"float32"`` (default), ``"float64"``, or ``None`` to keep float types.
