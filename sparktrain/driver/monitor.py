@@ -97,6 +97,8 @@ class RunMonitor:
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
         self.stop_error: SparkTrainError | None = None
+        # Whether the launch was cancelled: from then on tasks may end without saying so.
+        self.cancelled = False
         # Authenticated messages of an unknown kind or with missing or mistyped fields.
         self.malformed = 0
         # Whether the tasks were told to start their ranks (every task had arrived).
@@ -249,6 +251,7 @@ class RunMonitor:
 
     def _cancel(self, launch: Launch) -> float:
         """Cancel the launch; returns how long to wait for it to report its end."""
+        self.cancelled = True
         launch.cancel()
         return time.monotonic() + CANCEL_WAIT
 
@@ -363,11 +366,16 @@ class RunMonitor:
         return None
 
     def _closed(self, conn_id: int) -> SparkTrainError | None:
-        """A task's connection ended: unless it said its ranks exited, they are lost."""
+        """A task's connection ended: unless it said its ranks exited, they are lost.
+
+        Also while a failure is being stopped, until the launch is cancelled: a task that
+        vanished then (its executor killed) is why its peers' collectives failed, though
+        their errors may have come first."""
         lost = [i for i, c in self.task_conns.items() if c == conn_id and i not in self.exited]
+        for_failure = isinstance(self.stop_error, WorkerFailedError) and not self.cancelled
         for index in lost:
             self.exited.add(index)
-            if self.stop_reason is None:
+            if self.stop_reason is None or for_failure:
                 ranks = [r for r, m in self.started.items() if m.get("index") == index]
                 failure = WorkerFailure(
                     rank=ranks[0] if ranks else index,
@@ -377,7 +385,7 @@ class RunMonitor:
                     message="its Spark task vanished (executor lost or Python worker "
                     "killed) before the rank finished",
                 )
-                self.failures.setdefault(index, failure)
+                self.failures.setdefault(failure.rank, failure)
                 return WorkerFailedError(self.failures)
         return None
 

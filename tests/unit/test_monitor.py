@@ -22,6 +22,7 @@ import pytest
 from sparktrain import wire
 from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig
+from sparktrain.driver.attempts import _restartable
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.local import LocalLaunch
 from sparktrain.driver.monitor import RunMonitor
@@ -190,6 +191,39 @@ def test_a_failed_rank_stops_the_one_blocked_in_a_collective(server) -> None:
     assert launch.tasks[1].aborted.is_set() and launch.cancelled.is_set()
     # It ended when task 1 confirmed, not after the grace period and the cancel wait.
     assert time.monotonic() - start < 10
+
+
+def test_a_task_that_vanishes_after_its_peer_lost_it_is_the_root_cause(server) -> None:
+    # Task 1's executor is killed: rank 0's all_reduce fails at once, and its failure can
+    # reach the driver before task 1's connection closes. The vanished task is still the
+    # cause, and the run restartable: rank 0's error only followed it.
+    def body(tasks: list[FakeTask], done: Done) -> None:
+        for task in tasks:
+            task.hello()
+        for i, task in enumerate(tasks):
+            task.started(i)
+        failure = WorkerFailure(
+            rank=0,
+            host="h",
+            exc_type="RuntimeError",
+            message="[pair.cc:553] Connection closed by peer [10.0.0.2]:53396",
+            time=1.0,
+            user_error=True,
+        )
+        tasks[0].client.send(protocol.FAILURE(failure=failure.to_json()))
+        assert tasks[1].aborted.wait(10)  # the driver is stopping the run for rank 0's error
+        tasks[1].client.close()  # then task 1's process is gone, without a word
+        tasks[0].exited()
+
+    launch = FakeLaunch(server, 2, body)
+    mon, _ = monitor(server)
+    with pytest.raises(WorkerFailedError) as info:
+        mon.watch(launch)
+    root = info.value.root_cause
+    assert (root.rank, root.phase) == (1, "lost")
+    assert "its Spark task vanished" in str(info.value)
+    assert "Connection closed by peer" in str(info.value)  # rank 0, among the others
+    assert _restartable(info.value, mon.config)
 
 
 def test_run_timeout_stops_every_rank(server) -> None:
