@@ -58,6 +58,7 @@ def write_from_tasks(
 
 def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> Any:
     """The function each task runs over its partition's Arrow batches."""
+    prefix = PART_PREFIX  # the name _remove_strays looks for
 
     # A closure, so cloudpickle ships it by value and the executors need nothing importable
     # beyond pyarrow and fsspec (which the ranks need anyway to read the files).
@@ -73,7 +74,7 @@ def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> An
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         fs, root = fsspec.core.url_to_fs(url, **options)
-        name = f"part-{partition:05d}-{uuid.uuid4().hex[:12]}.parquet"
+        name = f"{prefix}{partition:05d}-{uuid.uuid4().hex[:12]}.parquet"
         pending: list[Any] = []
         group_rows = 0  # rows per row group, from the first batch's bytes per row
         sink = writer = None
