@@ -37,3 +37,24 @@ def test_ruff_format():
 def test_mypy():
     result = run(tool("mypy"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_merge_conflict_markers():
+    """A conflict left in any tracked file (code, README, notebook) fails here, not for a user."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    listed = run("git", "ls-files", "-z")
+    assert listed.returncode == 0, listed.stderr
+    found = []
+    for name in filter(None, listed.stdout.split("\0")):
+        path = ROOT / name
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for number, line in enumerate(lines, 1):
+            if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "=======":
+                found.append(f"{name}:{number}: {line}")
+    assert not found, "merge-conflict markers are committed:\n" + "\n".join(found)
