@@ -269,8 +269,11 @@ class RunConfig:
             )
         if isinstance(self.stall_timeout, str) and self.stall_timeout.strip().lower() == "off":
             object.__setattr__(self, "stall_timeout", None)
+        if isinstance(self.timeout, str) and self.timeout.strip().lower() == "none":
+            object.__setattr__(self, "timeout", None)
         for name in ("start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout"):
-            value = getattr(self, name)
+            value = _text_as(parse_duration, getattr(self, name))
+            object.__setattr__(self, name, value)
             if value is None and name in ("timeout", "stall_timeout"):
                 continue
             if (
@@ -281,11 +284,13 @@ class RunConfig:
             ):
                 off = " or 'off'" if name == "stall_timeout" else ""
                 raise ConfigurationError(
-                    f"{name} must be a positive number of seconds{off}; got {value!r}"
+                    f"{name} must be a positive number of seconds or a duration such as "
+                    f"'90s', '10m' or '1h'{off}; got {value!r}"
                     f" (argument {name}=, or {conf_key(name)})"
                 )
         for name in ("max_payload_bytes", "max_result_bytes"):
-            value = getattr(self, name)
+            value = _text_as(parse_size, getattr(self, name))
+            object.__setattr__(self, name, value)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive int; got {value!r}")
         if (
@@ -415,6 +420,17 @@ class RunConfig:
     def from_json(cls, data: Mapping[str, Any]) -> RunConfig:
         """Inverse of :meth:`to_json`."""
         return cls(**data)
+
+
+def _text_as(parse: Callable[[str], Any], value: Any) -> Any:
+    """``value`` read with ``parse`` when it is text (``timeout="10m"`` as in Spark settings),
+    else as it is; text that does not parse is left for the type check to refuse."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse(value)
+    except ValueError:
+        return value
 
 
 def _parse(parse: Callable[[str], Any], text: str, where: str) -> Any:

@@ -40,8 +40,9 @@ class SparkRunner:
         driver_log_verbosity: ``"all"`` streams every rank's output to the driver;
             ``"log_callback_only"`` shows only ``sparktrain.log_to_driver`` messages (and
             failed ranks' output, in the error).
-        start_timeout: seconds for every rank to reach the rendezvous.
-        timeout: seconds for the whole run; ``None`` for no limit.
+        start_timeout: seconds for every rank to reach the rendezvous (a number, or text as
+            Spark settings write durations: ``"90s"``, ``"10m"``, ``"1h"``).
+        timeout: seconds (or a duration as text) for the whole run; ``None`` for no limit.
         env: extra environment variables for every rank.
         use_gpu: ``None`` uses GPUs where the ranks have them; ``False`` hides them.
         spark: the SparkSession for ``np > 0`` (default: the active one).
@@ -70,8 +71,8 @@ class SparkRunner:
         *,
         backend: str | None = None,
         driver_log_verbosity: str | None = None,
-        start_timeout: float | None = None,
-        timeout: float | None = None,
+        start_timeout: float | str | None = None,
+        timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
         use_gpu: bool | None = None,
         spark: Any = None,

@@ -136,13 +136,42 @@ def test_bad_verbosity(verbosity: str) -> None:
 @pytest.mark.parametrize(
     "field", ["start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout"]
 )
-@pytest.mark.parametrize("value", [0, -1, -0.5, True, "30", "30s"])
+@pytest.mark.parametrize("value", [0, -1, -0.5, True, "soon", "-5m", "0s", "10 minutes"])
 def test_non_positive_or_non_numeric_durations(field: str, value: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, **{field: value})
     message = str(info.value)
     assert f"{field} must be a positive number of seconds" in message
     assert f"argument {field}=" in message and conf_key(field) in message
+
+
+@pytest.mark.parametrize(
+    "field", ["start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout"]
+)
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("400", 400.0), ("30s", 30.0), ("10m", 600.0), ("1h", 3600.0), ("500ms", 0.5)],
+)
+def test_durations_as_text_read_as_spark_settings_are(
+    field: str, text: str, seconds: float
+) -> None:
+    """An argument takes the same forms as spark.sparktrain.* (timeout="10m")."""
+    assert getattr(RunConfig(np=1, **{field: text}), field) == seconds
+    assert getattr(RunConfig.resolve(1, {}, environ={env_key(field): text}), field) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("64m", 64 << 20), ("1048576", 1 << 20), ("2g", 2 << 30)]
+)
+def test_sizes_as_text(text: str, size: int) -> None:
+    assert RunConfig(np=1, max_result_bytes=text).max_result_bytes == size
+    assert RunConfig(np=1, max_payload_bytes=text).max_payload_bytes == size
+    with pytest.raises(ConfigurationError, match="max_result_bytes must be a positive int"):
+        RunConfig(np=1, max_result_bytes="lots")
+
+
+def test_timeout_none_as_text_means_no_limit() -> None:
+    assert RunConfig(np=1, timeout="none").timeout is None
 
 
 def test_timeout_none_means_no_limit_but_other_durations_need_a_value() -> None:
@@ -179,7 +208,7 @@ def test_non_finite_durations_are_refused(value: float) -> None:
 
 
 @pytest.mark.parametrize("field", ["max_payload_bytes", "max_result_bytes"])
-@pytest.mark.parametrize("value", [0, -1, 1.5, True, "256m"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "256 apples", "0k"])
 def test_bad_sizes(field: str, value: Any) -> None:
     with pytest.raises(ConfigurationError, match=f"{field} must be a positive int"):
         RunConfig(np=1, **{field: value})
