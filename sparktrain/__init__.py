@@ -27,6 +27,7 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 """
 
 from sparktrain.errors import (
+    CallError,
     CapacityError,
     ConfigurationError,
     PayloadError,
@@ -57,6 +58,7 @@ __all__ = [
     "CapacityError",
     "HorovodRunner",
     "ConfigurationError",
+    "CallError",
     "PayloadError",
     "RendezvousTimeoutError",
     "RunStalledError",

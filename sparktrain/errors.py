@@ -24,6 +24,11 @@ class PayloadError(SparkTrainError):
     """The function, its arguments or its result cannot be pickled or are too large."""
 
 
+class CallError(PayloadError, TypeError):
+    """The arguments given to ``run()`` do not fit the function's signature (found on the
+    driver, before anything is submitted)."""
+
+
 class RendezvousTimeoutError(SparkTrainError, TimeoutError):
     """Some ranks never reached the rendezvous within ``start_timeout``.
 

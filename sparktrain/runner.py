@@ -22,6 +22,7 @@ from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.payload import dump_call
 from sparktrain.script import run_script, script_call
+from sparktrain.signature import check_call
 from sparktrain.task.job import TaskJob
 
 
@@ -175,6 +176,8 @@ class SparkRunner:
             name = os.path.basename(os.fspath(fn))
             args = tuple(script_call(fn, args))
             fn = run_script
+        else:
+            check_call(fn, args, kwargs)
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
         get_backend(config.backend).check(config)
