@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.checkpoint import _owner, layout
+from sparktrain.checkpoint import _commit, _owner, layout
 from sparktrain.checkpoint._errors import (
     CheckpointError,
     CheckpointOwnershipError,
@@ -116,9 +116,12 @@ def save(
 ) -> str | None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, on rank 0 only.
 
-    Every rank may call it: on other ranks it checks its arguments and returns None. The
-    checkpoint counts only once complete (see the module docstring), so a crash at any
-    instant leaves the previous one loadable. The directory belongs to one run at a time:
+    Every rank may call it: on other ranks it checks its arguments, waits until rank 0 has
+    committed the checkpoint (when a torch.distributed process group of several ranks
+    exists), and returns None; so when ``save`` returns on any rank, :func:`load_latest`
+    finds the checkpoint there. Rank 0 does not wait for the others, so calling it on rank 0
+    alone works too. The checkpoint counts only once complete (see the module docstring), so
+    a crash at any instant leaves the previous one loadable. The directory belongs to one run at a time:
     the run id is ``_SPARKTRAIN_RUN_ID`` (kept by restarted attempts of a run), else one per
     process.
 
@@ -153,6 +156,7 @@ def save(
             several hosts and ``shared`` is not set (or is set, but another host does not
             see the directory rank 0 sees).
         CheckpointOwnershipError: another live run writes into ``directory``.
+        CheckpointError: on a rank other than 0, rank 0 could not save the checkpoint.
         OSError: the storage failed; the previous checkpoint is left as it was.
 
     Example:
@@ -165,7 +169,19 @@ def save(
     store = _Store(where, storage_options)
     check_shared(where, store.root if store.fs is None else None, shared)
     if context.rank() != 0:
+        _commit.wait(where, step)
         return None
+    try:
+        path = _save(state, store, step, keep_last, take_over)
+    except BaseException as exc:
+        _commit.post(where, step, None, exc)
+        raise
+    _commit.post(where, step, path)
+    return path
+
+
+def _save(state: Any, store: _Store, step: int, keep_last: int | None, take_over: bool) -> str:
+    """Rank 0's part of :func:`save`: write, commit, prune; the data file's path or URL."""
     import torch
 
     store.makedirs()

@@ -51,7 +51,7 @@ def claim(store: _Store, me: dict[str, Any], take_over: bool) -> None:
         warnings.warn(
             f"taking over {store.where} from {_describe(owner)} ({why})",
             CheckpointWarning,
-            stacklevel=3,
+            stacklevel=4,  # claim, _save, save, save's caller
         )
     same = owner is not None and all(owner.get(k) == me[k] for k in ("run_id", "host", "pid"))
     if not same:  # first save of this run, or a restarted attempt of it on another process
@@ -76,8 +76,8 @@ def _read(store: _Store) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        warnings.warn(  # stacklevel: _read, claim or recheck, save, save's caller
-            f"ignoring unreadable {store.url(OWNER_FILE)}: {exc}", CheckpointWarning, stacklevel=4
+        warnings.warn(  # stacklevel: _read, claim or recheck, _save, save, save's caller
+            f"ignoring unreadable {store.url(OWNER_FILE)}: {exc}", CheckpointWarning, stacklevel=5
         )
         return None
     return owner if isinstance(owner, dict) and "run_id" in owner else None

@@ -13,8 +13,8 @@ from sparktrain.checkpoint._errors import CheckpointWarning
 from sparktrain.checkpoint._integrity import Unusable, verify
 from sparktrain.checkpoint._store import _Store
 
-# warnings.warn in tidy → save → save's caller
-_STACKLEVEL = 3
+# warnings.warn in tidy → _save → save → save's caller
+_STACKLEVEL = 4
 
 
 def tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
