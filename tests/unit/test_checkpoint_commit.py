@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from sparktrain import SparkRunner
 
 # How long rank 0 gives rank 1 to show that it got past save() before the commit.
