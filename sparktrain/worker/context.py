@@ -145,8 +145,14 @@ def log_to_driver(message: object) -> None:
         >>> sparktrain.log_to_driver(f"epoch {epoch}: loss {loss:.3f}")
     """
     text = str(message)
-    if not _send(protocol.USER_LOG(rank=rank(), message=text[: wire.MAX_FRAME // 2])):
+    if not tell_driver(text):
         print(text, flush=True)
+
+
+def tell_driver(text: str) -> bool:
+    """Send ``text`` to the driver as :func:`log_to_driver` does; False outside a run (or
+    when the driver cannot be reached), where nothing is printed."""
+    return _send(protocol.USER_LOG(rank=rank(), message=text[: wire.MAX_FRAME // 2]))
 
 
 def _as_int(value: object) -> int | None:

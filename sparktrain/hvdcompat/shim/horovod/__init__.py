@@ -8,9 +8,16 @@ from sparktrain import contract
 
 __version__ = "0.28.1+sparktrain"
 
-# The one line that tells a rank's log which Horovod it got (and why).
-sys.stderr.write(
+# The one line that tells which Horovod the ranks got (and why): rank 0 says it on the driver,
+# whatever the log verbosity (HorovodRunner's default shows no rank output); the other ranks
+# would only repeat it. Outside a run it goes to this process's stderr.
+_NOTICE = (
     "sparktrain: horovod.torch here is sparktrain's built-in implementation on "
-    f"torch.distributed ({os.environ.get(contract.HOROVOD_SHIM_ENV, 'chosen by sparktrain')})\n"
+    f"torch.distributed ({os.environ.get(contract.HOROVOD_SHIM_ENV, 'chosen by sparktrain')})"
 )
-sys.stderr.flush()
+if os.environ.get("RANK", "0") == "0":
+    from sparktrain.worker.context import tell_driver
+
+    if not tell_driver(_NOTICE):
+        sys.stderr.write(_NOTICE + "\n")
+        sys.stderr.flush()
