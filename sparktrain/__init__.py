@@ -23,7 +23,7 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 - ``runner``: :class:`SparkRunner` and :class:`HorovodRunner`;
 - ``inference``, ``ml``: batched inference on executors (``predict_udf``) and the Spark ML
   stages ``TorchEstimator`` / ``TorchModel``, on top of the runner (they import pyspark);
-- ``cli`` and ``examples`` on top.
+- ``commands/`` (the ``sparktrain`` command and the doctor) and ``examples`` on top.
 """
 
 from sparktrain.errors import (

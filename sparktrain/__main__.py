@@ -2,6 +2,6 @@
 
 import sys
 
-from sparktrain.cli import main
+from sparktrain.commands.cli import main
 
 sys.exit(main())

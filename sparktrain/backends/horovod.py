@@ -44,9 +44,8 @@ PORT_KEY = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 
 INSTALL_HINT = (
     "Horovod with PyTorch support is needed for backend='horovod'. Horovod 0.28.1 does not "
-    "build as-is against torch >= 2.1: run scripts/install-horovod.sh [PYTHON] from the "
-    "sparktrain repository (it builds it with Gloo, and MPI when Open MPI is installed, in "
-    "~12 min on 2 cores), or build it yourself with HOROVOD_WITH_PYTORCH=1 "
+    "build as-is against torch >= 2.1: run `sparktrain install-horovod` (it builds it with "
+    "Gloo, and MPI when Open MPI is installed, in ~12 min on 2 cores), or build it yourself with HOROVOD_WITH_PYTORCH=1 "
     "HOROVOD_WITH_GLOO=1 and a C++17 compiler: pip install --no-build-isolation horovod. "
     "On a Spark cluster it must be installed in the executors' Python environment too. "
     "Or use backend='torch'."
@@ -249,7 +248,7 @@ class HorovodBackend(Backend):
         if library is None:
             raise ConfigurationError(
                 "Horovod is installed but without its PyTorch extension (horovod.torch). "
-                "Rebuild it: HOROVOD_FORCE=1 scripts/install-horovod.sh, or pip uninstall "
+                "Rebuild it: HOROVOD_FORCE=1 sparktrain install-horovod, or pip uninstall "
                 "horovod and pip install --no-cache-dir --no-build-isolation horovod with "
                 f"HOROVOD_WITH_PYTORCH=1 (torch installed first). {INSTALL_HINT}"
             )
@@ -262,14 +261,14 @@ class HorovodBackend(Backend):
             raise ConfigurationError(
                 "launcher='mpi' needs Open MPI's mpirun on PATH (on the driver and every "
                 "executor host): apt-get install openmpi-bin libopenmpi-dev, then rebuild "
-                "Horovod with MPI (HOROVOD_FORCE=1 scripts/install-horovod.sh); or use "
+                "Horovod with MPI (HOROVOD_FORCE=1 sparktrain install-horovod); or use "
                 "launcher='gloo', which needs no MPI"
             )
         if not _links_mpi(library):
             raise ConfigurationError(
                 f"launcher='mpi' needs Horovod built with MPI, and {library} is not "
                 "(hvd.mpi_built() is False): rebuild it now that mpicxx is installed with "
-                "HOROVOD_FORCE=1 scripts/install-horovod.sh (or HOROVOD_WITH_MPI=1 pip install "
+                "HOROVOD_FORCE=1 sparktrain install-horovod (or HOROVOD_WITH_MPI=1 pip install "
                 "--no-cache-dir --no-build-isolation horovod); or use launcher='gloo'"
             )
 

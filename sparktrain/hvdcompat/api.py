@@ -144,6 +144,6 @@ def __getattr__(name: str) -> Any:
     if name in NOT_PROVIDED:
         raise NotImplementedError(
             f"hvd.{name} is not supported by sparktrain's built-in horovod.torch; install "
-            "Horovod (scripts/install-horovod.sh) and run with horovod_impl='horovod' to use it"
+            "Horovod (`sparktrain install-horovod`) and run with horovod_impl='horovod' to use it"
         )
     raise AttributeError(f"module 'horovod.torch' has no attribute {name!r}")

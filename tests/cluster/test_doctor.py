@@ -8,7 +8,7 @@ import platform
 
 import pytest
 
-from sparktrain import doctor
+from sparktrain.commands import doctor
 from tests.cluster.hosts import DECOY_ADDR, DECOY_IF, HOST_DISK, HOST_IF
 
 pytestmark = pytest.mark.cluster

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import cli, cli_target, doctor, doctor_probes
+from sparktrain.commands import cli, cli_target, doctor, doctor_probes
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "fixtures" / "cli_script.py"
@@ -67,6 +67,7 @@ def test_parse_run_options_and_args_after_double_dash():
         (["run", "--np", "-1", "os:sep"], "is not callable"),
         (["run", "--np", "-1", "os:getcwd", "--", "a"], "takes no arguments"),
         (["doctor", "--", "x"], "takes no ARGS"),
+        (["install-horovod", "--", "x"], "takes no ARGS"),
         ([], "COMMAND"),
     ],
 )
@@ -78,6 +79,17 @@ def test_usage_errors_exit_2(argv, message, capsys):
 def test_help_exits_0(capsys):
     assert cli.main(["run", "--help"]) == 0
     assert "module:function" in capsys.readouterr().out
+
+
+def test_install_horovod_runs_the_packaged_recipe_with_the_named_python(tmp_path, capfd):
+    """The recipe ships inside the package (pip users have no scripts/ folder)."""
+    script = cli.install_horovod_script()
+    assert script.is_file() and script.parent == Path(cli.__file__).parent
+    missing = tmp_path / "no-python-here"
+    assert cli.main(["install-horovod", "--python", str(missing)]) == 2
+    err = capfd.readouterr().err
+    assert f"no Python interpreter at '{missing}'" in err
+    assert "sparktrain install-horovod --python PATH" in err
 
 
 # -- TARGET forms -------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sparktrain import cli, doctor_host
-from sparktrain.doctor_cluster import checkpoint_check, host_checks, version_mismatches
-from sparktrain.doctor_probes import FAIL, OK, WARN
+from sparktrain.commands import cli, doctor_host
+from sparktrain.commands.doctor_cluster import checkpoint_check, host_checks, version_mismatches
+from sparktrain.commands.doctor_probes import FAIL, OK, WARN
 
 DRIVER = {"python": "3.11.7", "torch": "2.13.0+cpu", "cloudpickle": "3.1.2", "sparktrain": "0.1.0"}
 

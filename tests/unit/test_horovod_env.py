@@ -172,7 +172,7 @@ def test_check_without_horovod_names_the_install_script(
         get_backend("horovod").check(config)
     message = str(err.value)
     assert "Horovod is not installed" in message
-    assert "scripts/install-horovod.sh" in message
+    assert "sparktrain install-horovod" in message
     assert "pip install --no-build-isolation horovod" in message
     assert "backend='torch'" in message
 

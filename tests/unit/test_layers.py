@@ -31,12 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "__init__",
         "__main__",
-        "cli",
-        "cli_target",
-        "doctor",
-        "doctor_probes",
-        "doctor_cluster",
-        "doctor_host",
+        "commands",
         "examples",
     ),
 ]

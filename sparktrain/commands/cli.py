@@ -30,9 +30,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from sparktrain.cli_target import UsageError, resolve_target
+from sparktrain.commands.cli_target import UsageError, resolve_target
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -123,7 +124,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="Spark setting for the session --master creates (repeatable)",
     )
+    install = commands.add_parser(
+        "install-horovod",
+        help="build Horovod 0.28.1 for today's torch (C++17, Gloo, MPI where installed)",
+        description="Build and install Horovod with PyTorch support into a Python "
+        "environment (a C++ compiler and cmake are needed; ~4-12 min; pip caches the wheel).",
+    )
+    install.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter whose environment gets Horovod (default: this one)",
+    )
     return parser
+
+
+def install_horovod_script() -> Path:
+    """The packaged build recipe that ``sparktrain install-horovod`` runs."""
+    return Path(__file__).with_name("install-horovod.sh")
+
+
+def cmd_install_horovod(options: argparse.Namespace) -> int:
+    """``sparktrain install-horovod``: runs the packaged recipe; returns its exit code."""
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        raise UsageError("install-horovod needs bash, which is not on PATH")
+    env = {k: v for k, v in os.environ.items() if k != "SPARKTRAIN_REPO"}
+    return subprocess.call([bash, str(install_horovod_script()), options.python], env=env)
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -256,7 +285,7 @@ def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
 
 def cmd_doctor(options: argparse.Namespace) -> int:
     """``sparktrain doctor``: returns the exit code."""
-    from sparktrain import doctor
+    from sparktrain.commands import doctor
 
     conf = _parse_conf(options.conf)
     if (options.checkpoint or conf) and not options.master:
@@ -310,6 +339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args:
                 raise UsageError("sparktrain doctor takes no ARGS")
             return cmd_doctor(options)
+        if options.command == "install-horovod":
+            if args:
+                raise UsageError("sparktrain install-horovod takes no ARGS")
+            return cmd_install_horovod(options)
         return cmd_run(options, args)
     except UsageError as exc:
         print(f"sparktrain: {exc}", file=sys.stderr)

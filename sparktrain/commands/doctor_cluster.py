@@ -1,7 +1,7 @@
 """``sparktrain doctor`` on a cluster: one small barrier stage over the executors, and a
 report per host.
 
-Each task runs :mod:`sparktrain.doctor_host`, shipped as source so that it runs even where
+Each task runs :mod:`sparktrain.commands.doctor_host`, shipped as source so that it runs even where
 the executor's sparktrain is missing or another version. The driver then compares: Python,
 torch, cloudpickle and sparktrain must match its own (a function pickled with one Python
 minor version does not load in another), and a checkpoint URL written from one host must be
@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparktrain import doctor_host
-from sparktrain.doctor_probes import FAIL, OK, WARN, Check
+from sparktrain.commands import doctor_host
+from sparktrain.commands.doctor_probes import FAIL, OK, WARN, Check
 
 CLUSTER_TIMEOUT = 120.0
 SHARED_FIX = (
@@ -62,7 +62,7 @@ def probe_cluster(
         from pyspark import BarrierTaskContext
 
         namespace: dict[str, Any] = {"__name__": "sparktrain_doctor_host"}
-        exec(compile(source, "sparktrain/doctor_host.py", "exec"), namespace)  # noqa: S102
+        exec(compile(source, "sparktrain/commands/doctor_host.py", "exec"), namespace)  # noqa: S102
         yield json.dumps(namespace["probe"](BarrierTaskContext.get(), checkpoint, token, task_env))
 
     sc = spark.sparkContext

@@ -36,7 +36,7 @@ TORCH_FIX = (
 HOROVOD_FIX = (
     "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 "
     "HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation --no-cache-dir "
-    "horovod (torch >= 2.1 needs C++17: see scripts/install-horovod.sh)"
+    "horovod (torch >= 2.1 needs C++17: run `sparktrain install-horovod`)"
 )
 GPU_CONF_FIX = (
     "set spark.executor.resource.gpu.amount=<GPUs per executor>, "

@@ -1,6 +1,6 @@
 """``sparktrain doctor``: what this machine has for sparktrain, and how to fix what it lacks.
 
-The probes live in :mod:`sparktrain.doctor_probes`; this module runs them in display order
+The probes live in :mod:`sparktrain.commands.doctor_probes`; this module runs them in display order
 and prints the table. Only Python and torch are essential; Java, pyspark, Horovod, MPI and
 GPUs are needed by some runs only, so their absence is shown with its fix but does not fail
 the command.
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from sparktrain import doctor_probes as probes
-from sparktrain.doctor_probes import ESSENTIALS, FAIL, OK, SKIP, WARN, Check
+from sparktrain.commands import doctor_probes as probes
+from sparktrain.commands.doctor_probes import ESSENTIALS, FAIL, OK, SKIP, WARN, Check
 
 
 def run_checks(
@@ -27,7 +27,7 @@ def run_checks(
     Args:
         spark: also start a local SparkSession and run a barrier stage (slow).
         session: a SparkSession whose executors to check, host by host (see
-            :mod:`sparktrain.doctor_cluster`).
+            :mod:`sparktrain.commands.doctor_cluster`).
         checkpoint: a checkpoint URL to check from the executors: writable, and shared.
         env: environment the executors check ``checkpoint`` with (credentials, endpoint).
     """
@@ -63,7 +63,7 @@ def _cluster(session: Any, checkpoint: str | None, env: Mapping[str, str] | None
             detail = "the checkpoint URL is checked from the executors: give --master URL"
             return [Check("checkpoint", SKIP, detail)]
         return [Check("cluster", SKIP, "no cluster given (sparktrain doctor --master URL)")]
-    from sparktrain.doctor_cluster import cluster_checks
+    from sparktrain.commands.doctor_cluster import cluster_checks
 
     return cluster_checks(session, checkpoint, env=env)
 

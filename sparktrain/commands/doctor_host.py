@@ -2,7 +2,7 @@
 whether a checkpoint URL written from another host can be read here.
 
 This module is shipped to the executors as source text and run there with :func:`exec` (see
-:mod:`sparktrain.doctor_cluster`), so it imports nothing from sparktrain at module level: it
+:mod:`sparktrain.commands.doctor_cluster`), so it imports nothing from sparktrain at module level: it
 must work on an executor where sparktrain is missing or a different version, which is among
 the things it reports.
 """
