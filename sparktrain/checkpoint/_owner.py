@@ -17,7 +17,10 @@ from typing import Any
 
 from sparktrain.checkpoint._errors import CheckpointOwnershipError, CheckpointWarning
 from sparktrain.checkpoint._store import _Store
+from sparktrain.log import get_logger
 from sparktrain.worker.context import RUN_ID_ENV
+
+_log = get_logger(__name__)
 
 OWNER_FILE = "sparktrain-owner.json"
 
@@ -47,12 +50,15 @@ def claim(store: _Store, me: dict[str, Any], take_over: bool) -> None:
         dead = _is_dead(owner)
         if not dead and (not take_over or _claimed_later(owner, me)):
             raise _ownership_error(store, owner, me)
-        why = "its process is gone" if dead else "take_over=True"
-        warnings.warn(
-            f"taking over {store.where} from {_describe(owner)} ({why})",
-            CheckpointWarning,
-            stacklevel=4,  # claim, _save, save, save's caller
-        )
+        if take_over:  # asked for: said in the log, not as a warning to wonder about
+            _log.info("taking over %s from %s (take_over=True)", store.where, _describe(owner))
+        else:
+            warnings.warn(
+                f"taking over {store.where} from {_describe(owner)} (its process is gone; "
+                "pass take_over=True to say that this run continues it)",
+                CheckpointWarning,
+                stacklevel=4,  # claim, _save, save, save's caller
+            )
     same = owner is not None and all(owner.get(k) == me[k] for k in ("run_id", "host", "pid"))
     if not same:  # first save of this run, or a restarted attempt of it on another process
         record = dict(me, since=time.time())

@@ -17,6 +17,7 @@ The reports themselves are kept by the run's record (``runner.last_run.reports``
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 import warnings
@@ -206,7 +207,13 @@ class Progress:
                 from tqdm.auto import tqdm as auto
 
                 in_notebook = any("notebook" in c.__module__ for c in auto.__mro__)
-                if in_notebook or _isatty(sys.stderr):
+                if in_notebook and importlib.util.find_spec("ipywidgets") is None:
+                    # tqdm's widget needs ipywidgets (and warns "IProgress not found"
+                    # without it); its text bar renders in a notebook cell as well.
+                    from tqdm import std
+
+                    cls = std.tqdm
+                elif in_notebook or _isatty(sys.stderr):
                     cls = auto
         except ImportError:
             cls = None

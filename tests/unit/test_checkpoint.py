@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -305,12 +307,15 @@ def test_restarted_attempt_continues(tmp_path: Path) -> None:
     assert owner["host"] == socket.gethostname()
 
 
-def test_take_over_an_ended_run(tmp_path: Path) -> None:
+def test_take_over_an_ended_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     write_owner(tmp_path, run_id="run-old", host="executor-7", pid=4242, since=1.0)
     with pytest.raises(CheckpointOwnershipError, match="run-old"):
         checkpoint.save(state(1), tmp_path, 1)
-    with pytest.warns(CheckpointWarning, match="taking over .* run 'run-old'.*take_over=True"):
+    caplog.set_level(logging.INFO, logger="sparktrain")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked for: logged, not a warning
         checkpoint.save(state(1), tmp_path, 1, take_over=True)
+    assert re.search(r"taking over .* run 'run-old'.*\(take_over=True\)", caplog.text)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         checkpoint.save(state(2), tmp_path, 2, take_over=True)  # ours now: no new warning
@@ -330,7 +335,7 @@ def test_dead_owner_on_this_host_is_replaced(tmp_path: Path) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     write_owner(tmp_path, run_id="run-old", host=socket.gethostname(), pid=gone.pid, since=1.0)
-    with pytest.warns(CheckpointWarning, match="its process is gone"):
+    with pytest.warns(CheckpointWarning, match="its process is gone; pass take_over=True"):
         checkpoint.save(state(1), tmp_path, 1)
     ckpt = checkpoint.load_latest(tmp_path)
     assert ckpt is not None and ckpt.step == 1

@@ -182,3 +182,39 @@ def test_wrapped_stream_writes_whole_lines_around_the_bar():
     print("[rank 1] while the bar shows", file=stream, flush=True)
     progress.close()
     assert log_out.getvalue() == "[rank 0] before the bar\n[rank 1] while the bar shows\n"
+
+
+def test_a_notebook_without_ipywidgets_gets_tqdms_text_bar_and_no_warning(monkeypatch):
+    """tqdm.auto picks its widget in a notebook; without ipywidgets that warns "IProgress not
+    found" (and the widget cannot render), so the text bar is used there instead."""
+    import importlib.util
+    import warnings
+
+    import tqdm.auto
+    from tqdm import std
+
+    made = []
+
+    class NotebookBar(std.tqdm):  # what tqdm.auto is inside a notebook
+        def __init__(self, *args, **kwargs):
+            made.append("widget")
+            super().__init__(*args, **kwargs)
+
+    NotebookBar.__module__ = "tqdm.notebook"
+    monkeypatch.setattr(tqdm.auto, "tqdm", NotebookBar)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "ipywidgets" else real_find_spec(name, *a),
+    )
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        progress = Progress(total=2, unit="epoch")
+        progress.on_report(report(epoch=0, loss=0.5))
+        progress.close()
+    assert made == []  # the widget class was never built
+    assert progress._tqdm is std.tqdm
+    assert "1/2" in err.getvalue() and "loss=0.5" in err.getvalue()
