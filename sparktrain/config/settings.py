@@ -1,0 +1,251 @@
+"""RunConfig: the declaration of every setting (its default, Spark conf key, kind and meaning)
+and how a run's values are resolved from defaults, Spark conf, environment and arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from sparktrain.config.checks import check
+from sparktrain.config.keys import (
+    CONF_PREFIX,
+    conf_key_of,
+    env_key,
+    parse_text,
+    parser,
+    setting,
+    settings_of,
+)
+from sparktrain.errors import ConfigurationError
+
+
+def conf_key(field: str) -> str:
+    """The Spark conf key of a field, e.g. ``spark.sparktrain.startTimeout``.
+
+    Raises:
+        KeyError: for a field that only a keyword argument sets (``np``, ``env``).
+    """
+    return conf_key_of(RunConfig, field)
+
+
+def conf_keys() -> list[str]:
+    """The Spark conf key of every setting the Spark conf can set."""
+    return [CONF_PREFIX + str(s.metadata["key"]) for s in settings_of(RunConfig)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Every setting of one ``run()``; immutable and validated on construction.
+
+    Build it with :meth:`resolve` so defaults, Spark conf and env are applied; the
+    constructor alone validates what it is given.
+    """
+
+    np: int
+    backend: str = setting(
+        "torch", "backend", "str", "how the ranks find each other: torch or horovod."
+    )
+    driver_log_verbosity: str = setting(
+        "all",
+        "driverLogVerbosity",
+        "str",
+        "all streams every rank's output to the driver; log_callback_only only log_to_driver() "
+        "messages (and failed ranks' output, in the error).",
+    )
+    start_timeout: float = setting(
+        120.0, "startTimeout", "duration", "how long every rank has to reach the rendezvous."
+    )
+    timeout: float | None = setting(
+        None, "timeout", "duration", "how long the whole run may take.", unset="none"
+    )
+    stall_timeout: float | None = setting(
+        600.0,
+        "stallTimeout",
+        "duration",
+        "when no rank has printed or reported anything for this long, the run is stalled: "
+        "every rank's stack is shown (off: never).",
+        unset="off",
+    )
+    stall_action: str = setting(
+        "warn",
+        "stallAction",
+        "str",
+        "what a stall does besides showing the stacks: warn (nothing more; shown again after "
+        "the next silence) or fail (stop the run with RunStalledError, which maxRestarts "
+        "restarts).",
+    )
+    capacity_wait: float = setting(
+        60.0,
+        "capacityWait",
+        "duration",
+        "how long a freshly started session may take to register executors before a run is "
+        "refused for lack of task slots.",
+    )
+    grace_period: float = setting(
+        10.0, "gracePeriod", "duration", "time between SIGTERM and SIGKILL when ranks are stopped."
+    )
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    use_gpu: bool | None = setting(
+        None,
+        "useGpu",
+        "bool",
+        "false hides GPUs from the ranks; auto gives each rank the GPU assigned to it, if any; "
+        "true also refuses to run ranks on the driver without one GPU each.",
+        unset="auto",
+    )
+    warm_start: bool = setting(
+        True,
+        "warmStart",
+        "bool",
+        "fork each rank from a process of its task's Python worker that already imported "
+        "torch and sparktrain (kept while that worker lives, at most 10 minutes unused); "
+        "false starts every rank in a new interpreter.",
+    )
+    max_payload_bytes: int = setting(
+        256 << 20, "maxPayloadBytes", "size", "largest pickled function and arguments."
+    )
+    max_result_bytes: int = setting(
+        256 << 20, "maxResultBytes", "size", "largest pickled result of rank 0."
+    )
+    max_restarts: int = setting(
+        0,
+        "maxRestarts",
+        "int",
+        "whole-run launches after a rank is lost (killed, executor lost, rendezvous timeout).",
+    )
+    restart_on_user_error: bool = setting(
+        False,
+        "restartOnUserError",
+        "bool",
+        "also restart (up to maxRestarts) after an exception raised by the function.",
+    )
+    launcher: str | None = setting(
+        None,
+        "launcher",
+        "str",
+        "who starts the ranks of backend horovod: gloo (sparktrain does; auto) or mpi (mpirun).",
+        unset="auto",
+    )
+    extra_mpi_args: tuple[str, ...] | None = setting(
+        None,
+        "extraMpiArgs",
+        "args",
+        "more arguments for mpirun with launcher mpi, as on a command line (e.g. "
+        "-x NCCL_DEBUG=INFO --bind-to none); never run through a shell.",
+        unset="none",
+    )
+    nics: tuple[str, ...] | None = setting(
+        None,
+        "nics",
+        "names",
+        "network interfaces the ranks talk over, in order of preference (e.g. eth0 or "
+        "ib0,eth0); auto probes each host's interfaces and takes one that reaches every other "
+        "host, preferring the one that holds the executor's address.",
+        unset="auto",
+    )
+    ignore_ssl: bool = setting(
+        False,
+        "ignoreSsl",
+        "bool",
+        "run on a cluster with spark.ssl.enabled=true, although what the ranks send each other "
+        "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the README's "
+        "Security section.",
+    )
+    horovod_impl: str | None = setting(
+        None,
+        "horovodImpl",
+        "str",
+        "which horovod.torch the ranks of backend horovod import: horovod (the installed "
+        "Horovod), builtin (sparktrain's own, on torch.distributed; the installed Horovod is "
+        "shadowed on the ranks only) or auto (Horovod where it is installed, else builtin).",
+        unset="auto",
+    )
+
+    client_address: str | None = setting(
+        None,
+        "clientAddress",
+        "str",
+        "under Spark Connect, the address executors use to reach this client's channel "
+        "(auto: the address this machine uses to reach the Connect server).",
+        unset="auto",
+    )
+    client_reachable: bool | None = setting(
+        None,
+        "clientReachable",
+        "bool",
+        "under Spark Connect, whether executors can reach this client: auto tries it before "
+        "the first run; false sends results and failures back through the Spark job alone "
+        "(no live logs or progress; see logDir).",
+        unset="auto",
+    )
+    log_dir: str | None = setting(
+        None,
+        "logDir",
+        "str",
+        "a folder every executor can write and the client can read (shared storage): each "
+        "rank also writes its output to <logDir>/<run id>/attempt-<n>/rank-<r>.log; the way to "
+        "see logs when executors cannot reach the client.",
+        unset="none",
+    )
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    @property
+    def local(self) -> bool:
+        """True when the ranks run on the driver (np < 0)."""
+        return self.np < 0
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return abs(self.np)
+
+    @classmethod
+    def resolve(
+        cls,
+        np: int,
+        overrides: Mapping[str, Any] | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> RunConfig:
+        """Build a config: field defaults < Spark conf < environment < ``overrides``.
+
+        Args:
+            np: number of ranks (negative: on the driver).
+            overrides: keyword arguments given to the runner; ``None`` values mean "default".
+            spark_conf: the session's ``spark.sparktrain.*`` entries, when there is a session.
+            environ: the environment to read ``SPARKTRAIN_*`` from (default ``os.environ``).
+
+        Raises:
+            ConfigurationError: for any invalid value, naming where it came from.
+        """
+        values: dict[str, Any] = {}
+        conf = spark_conf or {}
+        env = os.environ if environ is None else environ
+        for field in settings_of(cls):
+            parse = parser(field)
+            key, variable = conf_key(field.name), env_key(field.name)
+            if key in conf:
+                values[field.name] = parse_text(parse, conf[key], f"{key} in Spark conf")
+            if variable in env:
+                values[field.name] = parse_text(parse, env[variable], variable)
+        for name, value in (overrides or {}).items():
+            if name not in {f.name for f in dataclasses.fields(cls)} or name == "np":
+                raise ConfigurationError(f"unknown setting {name!r}")
+            if value is not None:
+                values[name] = value
+        return cls(np=np, **values)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe dict, for shipping to tasks."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["env"] = dict(self.env)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Inverse of :meth:`to_json`."""
+        return cls(**data)
