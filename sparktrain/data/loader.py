@@ -17,14 +17,14 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from sparktrain.data.batching import Arrays, Window, cut
-from sparktrain.data.columns import to_numpy
+from sparktrain.data.columns import ColumnKind, to_numpy
 from sparktrain.data.prefetch import Background
 from sparktrain.data.sharding import (
     Segment,
@@ -36,8 +36,28 @@ from sparktrain.data.sharding import (
 )
 from sparktrain.errors import ConfigurationError, SparkTrainError
 
-if TYPE_CHECKING:
-    from sparktrain.data.dataset import SparkDatasetConverter
+
+class Source(Protocol):
+    """What a loader reads: a :class:`~sparktrain.data.dataset.SparkDatasetConverter`, which
+    makes loaders (so this module names what it needs of one instead of importing it)."""
+
+    @property
+    def pieces(self) -> tuple[tuple[int, int, int], ...]:
+        """``(file index, row group, rows)`` of every non-empty row group."""
+
+    @property
+    def dtype(self) -> str | None:
+        """Float dtype of floating-point columns in batches (None: keep)."""
+
+    def __len__(self) -> int:
+        """Rows in all."""
+
+    def column_kinds(self, columns: Sequence[str] | None = None) -> dict[str, ColumnKind]:
+        """The kind of each requested column, checking names and types."""
+
+    def open_file(self, index: int) -> tuple[Any, Any]:
+        """Open file ``index``: the Parquet file and a handle to close."""
+
 
 # Parquet files kept open per pass (pieces of one file are often visited close together).
 _OPEN_FILES = 4
@@ -74,7 +94,7 @@ class _Pass(Iterator[Any]):
 class _PieceReader:
     """Reads row groups of a dataset, keeping the last few files open."""
 
-    def __init__(self, dataset: SparkDatasetConverter, columns: Sequence[str]) -> None:
+    def __init__(self, dataset: Source, columns: Sequence[str]) -> None:
         self._dataset = dataset
         self._columns = list(columns)
         self._open: collections.OrderedDict[int, tuple[Any, Any]] = collections.OrderedDict()
@@ -118,7 +138,7 @@ class TorchDataLoader:
 
     def __init__(
         self,
-        dataset: SparkDatasetConverter,
+        dataset: Source,
         batch_size: int,
         *,
         num_epochs: int | None = 1,
