@@ -7,6 +7,7 @@ import inspect
 import os
 import pickle
 import stat
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,16 @@ def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) ->
         host: the machine this runs on, when the error is read elsewhere.
     """
     on = f" on {host}" if host else ""
+    note = ""
     try:
-        path = keep_result(data, name)
-    except (OSError, private.NotPrivateError) as exc:
-        return f"it could not be kept{on} either ({exc})"
-    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back)"
+        try:
+            path = keep_result(data, name)
+        except private.NotPrivateError as exc:
+            # Someone else holds the private folder's name: a fresh folder of random name
+            # (mkdtemp: 0700, created exclusively) still keeps the result from being lost.
+            fallback = Path(tempfile.mkdtemp(prefix=f"{private.PREFIX}{os.getuid()}-results-"))
+            path = private.write_new(fallback, f"{name}.pkl", data)
+            note = f"; the private folder could not be used: {exc}"
+    except OSError as exc:
+        return f"it could not be kept{on} either ({exc}{note})"
+    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back{note})"
