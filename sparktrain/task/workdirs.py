@@ -40,6 +40,7 @@ LOCK_FILE = ".owner.lock"
 _STAGING = ".new-"
 _NAME = re.compile(r"^(?:\.new-)?task-[A-Za-z0-9_-]{1,80}$")
 _MAX_ENTRIES = 10_000
+_LOCK_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @contextlib.contextmanager
@@ -123,14 +124,15 @@ def _sweep_one(entry: os.DirEntry[str]) -> str | None:
             return "not a folder of this user's"
         if _NAME.match(entry.name) is None:
             return ""
-        fd = os.open(
-            os.path.join(entry.path, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
+        # O_NONBLOCK: a FIFO in its place must not hang the sweep (checked just below).
+        fd = os.open(os.path.join(entry.path, LOCK_FILE), _LOCK_READ)
     except FileNotFoundError:
         return "no lock file"  # being made or being removed; or not a task folder
     except OSError as exc:
         return str(exc)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "its lock is not a file"
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

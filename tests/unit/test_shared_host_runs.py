@@ -60,6 +60,8 @@ def test_folders_planted_in_the_temporary_folder_stop_no_run(tmp: Path, other: A
     (precious / workdirs.LOCK_FILE).write_text("")
     (tasks / "task-link").symlink_to(precious)
     (tasks / ("task-" + "9" * 4000)[:255]).mkdir()
+    (tasks / "task-fifo").mkdir()
+    os.mkfifo(tasks / "task-fifo" / workdirs.LOCK_FILE)  # opening it must not hang the sweep
 
     result = SparkRunner(np=-2).run(host_files.own_folder)
 
@@ -70,6 +72,7 @@ def test_folders_planted_in_the_temporary_folder_stop_no_run(tmp: Path, other: A
             "task-abcdef-99999999999999999999-x",
             "task-file",
             "task-link",
+            "task-fifo",
             ("task-" + "9" * 4000)[:255],
         ]
     )
@@ -177,3 +180,18 @@ def test_a_local_run_keeps_its_files_in_the_real_private_folder(
         assert pickle.loads(kept.read_bytes())["blob"] == b"x" * (4 << 10)
     finally:
         kept.unlink()
+
+
+def test_the_sweep_leaves_what_it_cannot_judge_and_says_so_once(
+    tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks = private.folder(workdirs.TASKS)
+    for name in ("task-a", "task-b", "task-c"):
+        (tasks / name).mkdir()
+    os.mkfifo(tasks / "task-a" / workdirs.LOCK_FILE)
+    (tasks / "task-b" / workdirs.LOCK_FILE).symlink_to(tmp)
+    caplog.set_level("INFO", logger="sparktrain")
+    assert workdirs.sweep(tasks) == []
+    lines = [r.getMessage() for r in caplog.records if r.name == workdirs.__name__]
+    assert len(lines) == 1 and lines[0].startswith("left 3 entries alone in the task folders")
+    assert sorted(p.name for p in tasks.iterdir()) == ["task-a", "task-b", "task-c"]
