@@ -8,9 +8,9 @@ Example:
 Where the code runs (each folder is a boundary; a module imports only from its own layer or
 the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 
-- ``contract``, ``errors``, ``log``, ``conf_file``, ``stacks``: leaves every process shares
-  (the names that cross a process boundary, the error tree, logging, the conf-file parser,
-  reading a rank's stack dump);
+- ``contract``, ``errors``, ``log``, ``conf_file``, ``stacks``, ``private``: leaves every
+  process shares (the names that cross a process boundary, the error tree, logging, the
+  conf-file parser, reading a rank's stack dump, the user's private folder on a host);
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every
   message kind;
 - ``config``, ``cluster``, ``payload``: a run's settings, its layout, its pickles;
@@ -38,6 +38,7 @@ from sparktrain.errors import (
     WorkerFailedError,
     WorkerFailure,
 )
+from sparktrain.payload import load_kept
 from sparktrain.runner import HorovodRunner, SparkRunner
 from sparktrain.worker.context import (
     attempt,
@@ -70,6 +71,7 @@ __all__ = [
     "attempt",
     "default_backend",
     "local_rank",
+    "load_kept",
     "local_world_size",
     "log_to_driver",
     "rank",

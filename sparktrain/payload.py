@@ -6,6 +6,7 @@ import dis
 import inspect
 import os
 import pickle
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import cloudpickle
 
+from sparktrain import private
 from sparktrain.errors import PayloadError
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -166,36 +168,77 @@ def load_result(data: bytes | bytearray) -> Any:
     return cloudpickle.loads(data)
 
 
-KEPT_RESULTS = "sparktrain-results"
+KEPT_RESULTS = "results"
 
 
 def keep_result(data: bytes | bytearray, name: str, folder: str | None = None) -> Path:
     """Write a result that could not be returned where its owner can load it later.
 
-    It goes to ``<folder or the temporary folder>/sparktrain-results/<name>.pkl``, readable
-    by its owner alone, written whole or not at all.
+    It goes to ``<private folder>/results/<name>.pkl`` (see :mod:`sparktrain.private`),
+    readable by its owner alone, written whole or not at all through an unpredictable temporary
+    name, so no other account can read it, plant it, or redirect the write.
+
+    Args:
+        data: the pickle.
+        name: the file's name, without ``.pkl``.
+        folder: where to make the private folder instead of the temporary folder.
 
     Returns:
-        The file's path; ``pickle.load(open(path, "rb"))`` gives the value back.
+        The file's path; :func:`load_kept` gives the value back.
 
     Raises:
         OSError: it could not be written (the message says where and why).
+        NotPrivateError: the private folder is not this user's alone.
     """
-    base = Path(folder or tempfile.gettempdir()) / KEPT_RESULTS
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = base / f"{name}.pkl"
-    tmp = base / f".{name}.{os.getpid()}.tmp"
+    return private.write_new(private.folder(KEPT_RESULTS, folder), f"{name}.pkl", data)
+
+
+def load_kept(path: str | os.PathLike[str]) -> Any:
+    """Load a result that sparktrain kept on this host (the path its error message gave).
+
+    Unpickling runs code, so the file is read only if no other account could have written
+    it: a regular file (not a symbolic link) owned by the caller, in a folder that no one but
+    its owner (or root) can write.
+
+    Example:
+        >>> state = sparktrain.load_kept("/tmp/sparktrain-1000/results/ab12-attempt1-rank0.pkl")
+
+    Raises:
+        PayloadError: the file is not safe to load, naming why.
+        OSError: it cannot be read.
+    """
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    folder_info = os.stat(parent)
+    if folder_info.st_uid not in (os.getuid(), 0) or folder_info.st_mode & 0o022:
+        raise PayloadError(
+            f"refusing to load {path}: its folder {parent} can be written by "
+            f"{private.describe_owner(folder_info.st_uid)} or others (mode "
+            f"{oct(folder_info.st_mode & 0o7777)}), so another account could have replaced "
+            "the file, and unpickling it would run their code as you"
+        )
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PayloadError(
+                f"refusing to load {path}: it is a symbolic link, not a file sparktrain kept"
+            ) from exc
         raise
-    return path
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            what = "not a regular file"
+        elif info.st_uid != os.getuid():
+            what = f"owned by {private.describe_owner(info.st_uid)}"
+        else:
+            what = ""
+        if what:
+            raise PayloadError(
+                f"refusing to load {path}: it is {what}, not a result sparktrain kept for you; "
+                "unpickling it would run another account's code as you"
+            )
+        return pickle.loads(fh.read())
 
 
 def kept_result_name(run_id: str, attempt: int) -> str:
@@ -212,8 +255,16 @@ def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) ->
         host: the machine this runs on, when the error is read elsewhere.
     """
     on = f" on {host}" if host else ""
+    note = ""
     try:
-        path = keep_result(data, name)
+        try:
+            path = keep_result(data, name)
+        except private.NotPrivateError as exc:
+            # Someone else holds the private folder's name: a fresh folder of random name
+            # (mkdtemp: 0700, created exclusively) still keeps the result from being lost.
+            fallback = Path(tempfile.mkdtemp(prefix=f"{private.PREFIX}{os.getuid()}-results-"))
+            path = private.write_new(fallback, f"{name}.pkl", data)
+            note = f"; the private folder could not be used: {exc}"
     except OSError as exc:
-        return f"it could not be kept{on} either ({exc})"
-    return f'it is kept in {path}{on} (pickle.load(open(path, "rb")) reads it back)'
+        return f"it could not be kept{on} either ({exc}{note})"
+    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back{note})"

@@ -13,12 +13,12 @@ The driver side (``make_spark_converter``) imports pyspark only when called; the
 (:class:`SparkDatasetConverter`, the loader) never does.
 """
 
-from sparktrain.data.converter import CACHE_DIR_CONF, DEFAULT_CACHE_DIR, make_spark_converter
+from sparktrain.data.converter import CACHE_DIR_CONF, default_cache_dir, make_spark_converter
 from sparktrain.data.dataset import SparkDatasetConverter
 
 __all__ = [
     "CACHE_DIR_CONF",
-    "DEFAULT_CACHE_DIR",
+    "default_cache_dir",
     "SparkDatasetConverter",
     "make_spark_converter",
 ]

@@ -14,6 +14,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from sparktrain import private
+from sparktrain.data import integrity
 from sparktrain.data.columns import unsupported_type_error
 from sparktrain.data.dataset import (
     MANIFEST_NAME,
@@ -29,7 +31,7 @@ from sparktrain.log import get_logger
 _log = get_logger(__name__)
 
 CACHE_DIR_CONF = "spark.sparktrain.data.cacheDir"
-DEFAULT_CACHE_DIR = "file:///tmp/sparktrain-cache"
+CACHE_FOLDER = "cache"  # in the user's private folder, see default_cache_dir
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 << 20
 SPARK_DTYPES = ("float32", "float64")
 _PROBE_PREFIX = "_sparktrain_probe_"
@@ -57,8 +59,10 @@ def make_spark_converter(
         cache_dir: where to write, any URL that fsspec reads (``hdfs://``, ``s3a://``,
             ``abfss://``, ``dbfs:/``, ``file://`` on a shared mount); Spark or its tasks
             write it, see ``writer``. Default: the Spark conf
-            ``spark.sparktrain.data.cacheDir``, else ``file:///tmp/sparktrain-cache`` (fine
-            when the driver and executors share one machine). Plain paths are local.
+            ``spark.sparktrain.data.cacheDir``, else :func:`default_cache_dir` (fine when the
+            driver and executors share one machine and account). Plain paths are local. A
+            cache is reused only when its files are the ones written (sizes and SHA-256 in
+            its manifest); one that was changed is refused with an error naming the file.
         row_group_size_bytes: Parquet row group size; the loader reads one row group at a
             time, so this bounds its memory per row group.
         dtype: ``"float32"`` (default), ``"float64"``, or ``None`` to keep float types.
@@ -80,7 +84,8 @@ def make_spark_converter(
 
     Raises:
         ConfigurationError: an unsupported column type, an empty DataFrame, a cache directory
-            the executors cannot read, or an invalid argument.
+            the executors cannot read, a cached file changed since it was written, or an
+            invalid argument.
 
     Example:
         >>> converter = make_spark_converter(df.select("features", "label"))
@@ -103,7 +108,7 @@ def make_spark_converter(
         )
     _check_spark_types(df.schema)
     spark = df.sparkSession
-    base = cache_dir or spark.conf.get(CACHE_DIR_CONF, None) or DEFAULT_CACHE_DIR
+    base = cache_dir or spark.conf.get(CACHE_DIR_CONF, None) or default_cache_dir()
     base = base.rstrip("/") if "://" in base or base.startswith("dbfs:") else normalize_url(base)
     # The key comes from the plan the caller gave: casting makes new expression ids each time.
     key = _cache_key(df, f"{row_group_size_bytes}/{dtype}")
@@ -116,7 +121,7 @@ def make_spark_converter(
     if cached is not None:
         return dataclasses.replace(cached, shared=shared)
     _check_executor_access(spark, normalize_url(base), storage_options)
-    files = _write(df, spark_url, writer, row_group_size_bytes, storage_options)
+    files, digests = _write(df, spark_url, writer, row_group_size_bytes, storage_options)
     if files == []:
         fs.rm(root, recursive=True)
         raise _empty_error()
@@ -134,8 +139,20 @@ def make_spark_converter(
             UserWarning,
             stacklevel=2,
         )
-    fs.pipe(posixpath.join(root, MANIFEST_NAME), json.dumps(converter.to_manifest()).encode())
+    if digests is None:  # Spark wrote them: read back once, right after the job
+        digests = integrity.record(fs, root, converter.files)
+    manifest = {**converter.to_manifest(), integrity.KEY: digests}
+    fs.pipe(posixpath.join(root, MANIFEST_NAME), json.dumps(manifest).encode())
     return converter
+
+
+def default_cache_dir() -> str:
+    """``file://<private folder>/cache``: the user's own (see :mod:`sparktrain.private`).
+
+    Raises:
+        NotPrivateError: the private folder is not this user's alone.
+    """
+    return f"file://{private.folder(CACHE_FOLDER)}"
 
 
 def _write(
@@ -144,9 +161,9 @@ def _write(
     writer: str,
     row_group_size_bytes: int,
     storage_options: Mapping[str, Any] | None,
-) -> list[str] | None:
-    """Write ``df`` under ``url``; the file names when the tasks wrote them, None when Spark
-    did (the directory is then listed)."""
+) -> tuple[list[str] | None, integrity.Digests | None]:
+    """Write ``df`` under ``url``; the file names and their digests when the tasks wrote them,
+    None when Spark did (the directory is then listed and read back)."""
     if writer != "tasks":
         try:
             (
@@ -154,7 +171,7 @@ def _write(
                 .option("parquet.block.size", str(row_group_size_bytes))
                 .parquet(url)
             )
-            return None
+            return None, None
         except Exception as exc:
             if not spark_lacks_filesystem(exc):
                 raise
@@ -165,12 +182,13 @@ def _write(
                     f"from the Spark tasks through fsspec, or add the connector to Spark"
                 ) from exc
             _log.info("Spark cannot write %s; the Spark tasks write it through fsspec", url)
-    return write_from_tasks(
+    names, digests = write_from_tasks(
         df,
         normalize_url(url),
         row_group_size_bytes=row_group_size_bytes,
         storage_options=storage_options,
     )
+    return names, digests
 
 
 def _empty_error() -> ConfigurationError:
@@ -291,6 +309,7 @@ def _load_manifest(
         fs.exists(posixpath.join(root, name)) for name in converter.files[:1]
     ):
         return None
+    integrity.verify(fs, root, url, converter.files, manifest.get(integrity.KEY) or {})
     return converter
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sparktrain.data.loader import TorchDataLoader
 
 MANIFEST_NAME = "_sparktrain_manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: with the part files' sizes and SHA-256 (data/integrity.py)
 
 
 def normalize_url(url: str) -> str:

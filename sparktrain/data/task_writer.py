@@ -35,7 +35,7 @@ def write_from_tasks(
     *,
     row_group_size_bytes: int,
     storage_options: Mapping[str, Any] | None,
-) -> list[str]:
+) -> tuple[list[str], dict[str, list[Any]]]:
     """Write ``df`` as Parquet files under ``url``, one per non-empty partition.
 
     What was under ``url`` is removed first (a directory without a manifest is an earlier,
@@ -43,17 +43,19 @@ def write_from_tasks(
     the job, so only the files of the attempts Spark counted remain.
 
     Returns:
-        The written file names, relative to ``url``, in partition order.
+        The written file names, relative to ``url``, in partition order, and each one's size
+        and SHA-256 as its task wrote it (see :mod:`sparktrain.data.integrity`).
     """
     fs, root = filesystem(url, storage_options)
     if fs.exists(root):
         fs.rm(root, recursive=True)
     fs.makedirs(root, exist_ok=True)
     write = _partition_writer(url, dict(storage_options or {}), row_group_size_bytes)
-    rows = df.mapInArrow(write, "partition long, file string").collect()
-    names = [row["file"] for row in sorted(rows, key=lambda row: row["partition"]) if row["file"]]
+    rows = df.mapInArrow(write, "partition long, file string, size long, sha256 string").collect()
+    written = [row for row in sorted(rows, key=lambda row: row["partition"]) if row["file"]]
+    names = [row["file"] for row in written]
     _remove_strays(fs, root, set(names))
-    return names
+    return names, {row["file"]: [row["size"], row["sha256"]] for row in written}
 
 
 def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> Any:
@@ -63,6 +65,7 @@ def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> An
     # A closure, so cloudpickle ships it by value and the executors need nothing importable
     # beyond pyarrow and fsspec (which the ranks need anyway to read the files).
     def write(batches: Any) -> Any:
+        import hashlib
         import posixpath
         import uuid
 
@@ -78,6 +81,36 @@ def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> An
         pending: list[Any] = []
         group_rows = 0  # rows per row group, from the first batch's bytes per row
         sink = writer = None
+        digest = hashlib.sha256()
+        size = 0
+
+        class Hashing:
+            """The file as written, hashed on its way out (no second read)."""
+
+            closed = False
+
+            def __init__(self, raw: Any) -> None:
+                self.raw = raw
+
+            def write(self, data: Any) -> int:
+                nonlocal size
+                digest.update(data)
+                size += len(data)
+                self.raw.write(data)
+                return len(data)
+
+            def tell(self) -> int:
+                return size
+
+            def flush(self) -> None:
+                self.raw.flush()
+
+            def close(self) -> None:
+                self.closed = True
+                self.raw.close()
+
+            def writable(self) -> bool:
+                return True
 
         def flush(rows: int) -> None:
             # Whole row groups of about group_bytes of Arrow data (like parquet.block.size);
@@ -85,7 +118,7 @@ def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> An
             nonlocal sink, writer
             table = pa.Table.from_batches(pending)
             if writer is None:
-                sink = fs.open(posixpath.join(root, name), "wb")
+                sink = Hashing(fs.open(posixpath.join(root, name), "wb"))
                 writer = pq.ParquetWriter(sink, table.schema)
             writer.write_table(table.slice(0, rows), row_group_size=group_rows)
             pending[:] = table.slice(rows).to_batches()
@@ -109,8 +142,20 @@ def _partition_writer(url: str, options: dict[str, Any], group_bytes: int) -> An
                 sink.close()
         written = writer is not None
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition], "file": [name if written else None]},
-            schema=pa.schema([("partition", pa.int64()), ("file", pa.string())]),
+            {
+                "partition": [partition],
+                "file": [name if written else None],
+                "size": [size],
+                "sha256": [digest.hexdigest()],
+            },
+            schema=pa.schema(
+                [
+                    ("partition", pa.int64()),
+                    ("file", pa.string()),
+                    ("size", pa.int64()),
+                    ("sha256", pa.string()),
+                ]
+            ),
         )
 
     return write

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from sparktrain import private
 from sparktrain.checkpoint.layout import newest_committed
 
 ARTIFACT_PATH = "checkpoint"
@@ -179,7 +180,7 @@ class MlflowTracker:
                 )
             names = list(found)
             source = f"{url.rstrip('/')}/{found[1]}"
-        tmp = tempfile.mkdtemp(prefix="sparktrain-ckpt-")
+        tmp = tempfile.mkdtemp(prefix="ckpt-", dir=private.root())
         try:
             for name in names:
                 fs.get_file(f"{root}/{name}", os.path.join(tmp, name))

@@ -9,13 +9,14 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from sparktrain import private
 
 DEFAULT_MASTER = "local-cluster[2,1,1024]"
 
@@ -187,14 +188,14 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "sparktrain-exam
 
 
 def _log4j2_file() -> str | None:
-    """A log4j2 configuration file with :data:`_LOG4J2`, or None if none can be written."""
-    path = Path(tempfile.gettempdir(), f"sparktrain-log4j2-{os.getuid()}.properties")
+    """A log4j2 configuration file with :data:`_LOG4J2` in the user's private folder, or None
+    if none can be written (the JVM then logs as it would without it)."""
     try:
-        if not path.exists() or path.read_text() != _LOG4J2:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(_LOG4J2)
-            tmp.replace(path)
-    except OSError:
+        folder = private.root()
+        path = folder / "log4j2.properties"
+        if not path.is_file() or path.is_symlink() or path.read_text() != _LOG4J2:
+            path = private.write_new(folder, path.name, _LOG4J2.encode())
+    except (OSError, private.NotPrivateError):
         return None
     return str(path)
 

@@ -12,7 +12,6 @@ import contextlib
 import math
 import os
 import queue
-import shutil
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sparktrain import contract, wire
+from sparktrain import contract, private, wire
 from sparktrain.cluster import RankSpec
 from sparktrain.task import workdirs
 from sparktrain.task.job import TaskJob
@@ -211,12 +210,11 @@ class TaskSession:
         It is not the ranks' working directory (that is :attr:`cwd`), and it is removed
         however the ranks end.
         """
-        path = workdirs.create(self.job.run_id)
-        try:
-            (path / contract.PAYLOAD_FILE).write_bytes(self.job.payload)
+        with workdirs.create(self.job.run_id) as path:
+            fd = os.open(path / contract.PAYLOAD_FILE, private.EXCLUSIVE, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(self.job.payload)
             yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
 
     def common_env(self, workdir: Path) -> dict[str, str]:
         """What every worker process of this task gets, whatever its rank."""

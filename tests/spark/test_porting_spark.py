@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 import uuid
@@ -23,17 +22,17 @@ from tests.helpers import wait_for_files
 from tests.spark.test_horovod_runner import _mpi_available
 
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "porting_train.py"
-TMP = Path(tempfile.gettempdir())
 
 
 def _gone(folders: list[str], wait: float = 0.0) -> None:
     """None of the rank folders sparktrain made, nor any other of their runs, is left
     (within ``wait`` seconds, for tasks that end after run() has returned)."""
     assert folders
-    prefixes = {Path(f).name.rsplit("-", 1)[0] for f in folders}  # sparktrain-<run id>
+    # task-<run id>-<pid>, in the user's private folder
+    prefixes = {(Path(f).parent, Path(f).name.rsplit("-", 1)[0]) for f in folders}
     deadline = time.monotonic() + wait
     while True:
-        left = [str(p) for prefix in prefixes for p in TMP.glob(f"{prefix}-*")]
+        left = [str(p) for parent, prefix in prefixes for p in parent.glob(f"{prefix}-*")]
         left += [f for f in folders if Path(f).exists() and f not in left]
         if not left or time.monotonic() >= deadline:
             break
@@ -87,7 +86,7 @@ def test_no_folder_is_left_after_a_failure_or_a_stop(mode, tmp_path, how):
         assert "RuntimeError: rank 1 gives up" in str(info.value)
     seen = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("folder-*.json"))]
     assert len(seen) == 2
-    assert all(not Path(s["cwd"]).name.startswith("sparktrain-") for s in seen)
+    assert all(Path(s["own_folder"]).parent not in Path(s["cwd"]).parents for s in seen)
     _gone([s["own_folder"] for s in seen])
 
 

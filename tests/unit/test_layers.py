@@ -10,7 +10,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sparktrain"
 
 # Lowest first. A module may import from its own layer and the layers before it.
 LAYERS: list[tuple[str, ...]] = [
-    ("contract", "errors", "log", "conf_file", "stacks", "units"),  # leaves: names, errors, ...
+    (
+        "contract",
+        "errors",
+        "log",
+        "conf_file",
+        "stacks",
+        "units",
+        "private",
+    ),  # leaves: names, errors, ...
     ("wire",),  # frames, the frame server, the protocol
     (
         "config",

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparktrain import SparkRunner
+from sparktrain import SparkRunner, private
 from sparktrain.errors import ConfigurationError, PayloadError, WorkerFailedError
+from sparktrain.task import workdirs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "porting_train.py"
 
@@ -21,8 +21,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "porting
 def _work_dirs() -> set[str]:
     """The task folders this process owns (np < 0: the driver is the ranks' task); other
     processes on the machine make and remove their own meanwhile."""
-    pattern = f"sparktrain-*-{os.getpid()}-*"
-    return {p.name for p in Path(tempfile.gettempdir()).glob(pattern)}
+    pattern = f"task-*-{os.getpid()}-*"
+    return {p.name for p in private.folder(workdirs.TASKS).glob(pattern)}
 
 
 def test_script_runs_on_every_rank_with_its_argv(tmp_path: Path, monkeypatch) -> None:

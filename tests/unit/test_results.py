@@ -38,7 +38,7 @@ def tmpdir_for_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return tmp_path / KEPT_RESULTS
+    return tmp_path / f"sparktrain-{os.getuid()}" / KEPT_RESULTS
 
 
 def _chunks(data: bytes, size: int = 4) -> list[dict[str, Any]]:
@@ -309,7 +309,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 def test_keep_result_on_a_full_disk_raises_and_leaves_no_partial_file(full_disk: Path) -> None:
     with pytest.raises(OSError, match="No space left on device"):
         keep_result(b"z" * (1 << 20), "x", folder=str(full_disk))
-    assert list((full_disk / KEPT_RESULTS).iterdir()) == []
+    assert list((full_disk / f"sparktrain-{os.getuid()}" / KEPT_RESULTS).iterdir()) == []
 
 
 def test_a_result_that_fills_the_disk_is_kept_elsewhere(
