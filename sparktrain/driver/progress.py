@@ -203,17 +203,15 @@ class Progress:
                 from tqdm import std
 
                 cls = std.tqdm
+            elif _kernel_without_widgets():
+                from tqdm import std
+
+                cls = std.tqdm
             else:
                 from tqdm.auto import tqdm as auto
 
                 in_notebook = any("notebook" in c.__module__ for c in auto.__mro__)
-                if in_notebook and importlib.util.find_spec("ipywidgets") is None:
-                    # tqdm's widget needs ipywidgets (and warns "IProgress not found"
-                    # without it); its text bar renders in a notebook cell as well.
-                    from tqdm import std
-
-                    cls = std.tqdm
-                elif in_notebook or _isatty(sys.stderr):
+                if in_notebook or _isatty(sys.stderr):
                     cls = auto
         except ImportError:
             cls = None
@@ -287,6 +285,13 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def _kernel_without_widgets() -> bool:
+    """Whether this is a Jupyter kernel without ipywidgets: tqdm's widget cannot show there, and
+    importing ``tqdm.auto`` warns "IProgress not found"; tqdm's text bar renders in a notebook
+    cell as well."""
+    return "ipykernel.zmqshell" in sys.modules and importlib.util.find_spec("ipywidgets") is None
 
 
 def _fmt(value: Any) -> str:

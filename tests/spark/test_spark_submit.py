@@ -82,6 +82,46 @@ def test_spark_submit_application_trains_with_spark_runner(tmp_path):
     assert float(last) < 0.01 * float(first)  # both ranks trained one model: it converged
 
 
+@pytest.mark.skipif(not SPARK_SUBMIT.exists(), reason=f"{SPARK_SUBMIT} not found")
+def test_a_failed_job_ends_with_sparktrains_error(tmp_path):
+    """With Spark's own logging (no quiet log4j file), the job of the README's shape prints
+    the root cause last: no Spark shutdown line after it."""
+    done = subprocess.run(
+        [
+            str(SPARK_SUBMIT),
+            "--master",
+            "local-cluster[2,1,1024]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sparktrain.capacityWait=120s",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+            str(FIXTURES / "scripts" / "failing_job.py"),
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        # One stream, as a terminal shows it (spark-submit passes the Python app's stderr on
+        # to its stdout, and Spark logs to stderr).
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=280,
+    )
+    shown = done.stdout.rstrip().splitlines()
+    assert done.returncode == 1, "\n".join(shown[-80:])
+    first = max(i for i, line in enumerate(shown) if line.startswith("WorkerFailedError: "))
+    after = shown[first:]
+    assert after[0] == "WorkerFailedError: 1 rank(s) failed. Root cause:", after
+    assert any(
+        line.startswith("rank 1 on ")
+        and line.endswith("raised ValueError: rank 1 could not find its data")
+        for line in after
+    ), after
+    assert after[-1] == "ValueError: rank 1 could not find its data", after
+    assert not any(" INFO " in line or " WARN " in line for line in after), after
+
+
 def test_sparktrain_run_command_on_local_spark(tmp_path):
     done = subprocess.run(
         [

@@ -1,0 +1,173 @@
+"""What a newcomer gets from the package: the wheel built from this checkout, installed into a
+fresh virtual environment with the extras the README names, then, from a folder outside the
+checkout, the README's runnable blocks in order and the tour notebook.
+
+Slow (a virtual environment and two Spark applications of its own), so one module fixture
+builds and installs once for both tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.readme_blocks import runnable_script
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+NOTEBOOK = ROOT / "notebooks" / "sparktrain_tour.ipynb"
+EXTRAS = "spark,data,examples"
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    assert proc.returncode == 0, f"{argv} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _clean_env(python: Path) -> dict[str, str]:
+    """The environment a newcomer's shell has: nothing of this checkout or its venv."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+        and not k.startswith(("SPARKTRAIN_", "PYTEST_"))
+    }
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYSPARK_PYTHON"] = str(python)  # executors start the environment's Python
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The interpreter of a fresh venv with the wheel of this checkout and its extras."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Java 17+ is needed for Spark")
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the files the wheel is built from are unknown")
+    work = tmp_path_factory.mktemp("newcomer")
+    source = work / "source"  # the tracked files only: the build leaves nothing in the checkout
+    listed = _run(["git", "ls-files", "-z"], cwd=ROOT).stdout.split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    dist = work / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(source)])
+    wheel = next(dist.glob("sparktrain-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith("/METADATA"))).decode()
+    assert "sparktrain/commands/install-horovod.sh" in names
+    assert any(n.endswith("licenses/LICENSE") for n in names)
+    assert "<<<<<<<" not in metadata and ">>>>>>>" not in metadata  # the index page's text
+
+    venv = work / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    python = venv / "bin" / "python"
+    pins = ["-c", str(ROOT / "constraints.txt")]  # the versions the suite runs with
+    _run([str(python), "-m", "pip", "install", "-q", *pins, "torch"], timeout=1200)
+    _run(
+        [str(python), "-m", "pip", "install", "-q", *pins, f"{wheel}[{EXTRAS}]", "ipykernel"],
+        timeout=1200,
+    )
+    return python
+
+
+def test_readme_blocks_run_as_written_from_the_installed_wheel(installed: Path, tmp_path: Path):
+    script = tmp_path / "readme.py"
+    script.write_text(runnable_script(README), encoding="utf-8")
+    outside = tmp_path / "somewhere-else"
+    outside.mkdir()
+    proc = subprocess.run(
+        [str(installed), str(script)],
+        cwd=outside,
+        env=_clean_env(installed),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"{out[-3000:]}\n{proc.stderr[-6000:]}"
+    # Each block ran, in order, and printed what it says it prints.
+    assert out.count("--- README block at line") >= 5
+    metrics = [line for line in out.splitlines() if line.startswith("{'loss': ")]
+    assert len(metrics) == 2 and all("'world_size': 2}" in m for m in metrics), out
+    assert [float(m.split()[1].rstrip(",")) < 0.5 for m in metrics] == [True, True], metrics
+    lines = out.splitlines()
+    assert "2" in lines and "500" in lines  # HorovodRunner's size; rank 0's shard of 1000
+    history = next(x for x in lines if x.startswith("{'epoch': 14"))
+    assert "'val_accuracy'" in history
+    assert out.count("|prediction|") >= 2  # the scored and the reloaded pipeline
+    warnings = [x for x in proc.stderr.splitlines() if "Warning:" in x]
+    assert warnings == [], warnings
+
+
+@pytest.fixture
+def installed_kernel(installed: Path, tmp_path: Path, monkeypatch) -> str:
+    """A ``python3`` kernel spec for the installed venv, under a temporary Jupyter path."""
+    prefix = tmp_path / "jupyter-prefix"
+    _run([str(installed), "-m", "ipykernel", "install", "--prefix", str(prefix)])
+    kernel = prefix / "share" / "jupyter" / "kernels" / "python3" / "kernel.json"
+    assert json.loads(kernel.read_text())["argv"][0] == str(installed)
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    for name, value in _clean_env(installed).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    return "python3"
+
+
+def _text(cell) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        parts.append(output.get("text", ""))
+        parts.append(output.get("data", {}).get("text/plain", ""))
+    return "".join(parts)
+
+
+def test_tour_notebook_runs_from_the_installed_wheel(installed_kernel: str, tmp_path: Path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name=installed_kernel,
+        timeout=300,
+        allow_errors=False,
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        pytest.fail(f"a notebook cell failed:\n{exc}")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "a code cell did not run"
+    everything = "\n".join(_text(c) for c in code)
+    assert "[rank 1]" in everything  # ranks' output streamed to the notebook
+    assert "resuming after epoch 4" in everything
+    assert "HorovodRunner returned {'ranks': 2" in everything  # built-in horovod.torch here
+    assert "sparktrain's built-in implementation" in everything
+    images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, "the plot cell shows no image"
+    png = workdir / "sparktrain-tour" / "history.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # Nothing a user would have to wonder about: no warnings in any cell's output.
+    noise = [
+        line
+        for c in code
+        for o in c.get("outputs", [])
+        for line in o.get("text", "").splitlines()
+        if "Warning" in line
+    ]
+    assert noise == [], noise
