@@ -58,3 +58,15 @@ def test_no_merge_conflict_markers():
             if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "=======":
                 found.append(f"{name}:{number}: {line}")
     assert not found, "merge-conflict markers are committed:\n" + "\n".join(found)
+
+
+def test_the_build_system_is_declared() -> None:
+    """pip and build read pyproject.toml's [build-system]; setup.cfg keeps the metadata."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    system = declared["build-system"]
+    assert system["build-backend"] == "setuptools.build_meta"
+    assert any(r.startswith("setuptools") for r in system["requires"])
+    assert "license_files = LICENSE" in (ROOT / "setup.cfg").read_text(encoding="utf-8")
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
