@@ -62,7 +62,7 @@ def test_no_merge_conflict_markers():
 
 def test_the_build_system_is_declared() -> None:
     """pip and build read pyproject.toml's [build-system]; setup.cfg keeps the metadata."""
-    import tomllib
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11+")
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     system = declared["build-system"]
