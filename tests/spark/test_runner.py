@@ -22,6 +22,7 @@ from sparktrain import (
     WorkerFailedError,
     wire,
 )
+from sparktrain import runner as runner_module
 from tests.conftest import ranks
 from tests.fixtures import trainers
 from tests.helpers import alive, recorded_pids, wait_for_files
