@@ -102,9 +102,10 @@ def agreement(mine: Any, theirs: Any, rows: int, tolerance: float = 1e-5) -> Non
         F.max(gap).alias("gap"),
     ).first()
     counts = (mine.count(), theirs.count())
+    gap = float("nan") if stats["gap"] is None else float(stats["gap"])  # None: no row matched
     print(
         f"outputs: {counts[0]} and {counts[1]} rows, {stats['rows']} matched by id, "
-        f"{stats['differ']} predictions differ, largest probability gap {stats['gap']:.2e}",
+        f"{stats['differ']} predictions differ, largest probability gap {gap:.2e}",
         flush=True,
     )
     require(
@@ -112,10 +113,7 @@ def agreement(mine: Any, theirs: Any, rows: int, tolerance: float = 1e-5) -> Non
         f"the two predictors returned {counts} rows ({stats['rows']} matched), not {rows} each",
     )
     require(stats["differ"] == 0, f"{stats['differ']} of {rows} predictions differ")
-    require(
-        stats["gap"] <= tolerance,
-        f"probabilities differ by up to {stats['gap']:.2e}, more than {tolerance:g}",
-    )
+    require(gap <= tolerance, f"probabilities differ by up to {gap:.2e}, more than {tolerance:g}")
 
 
 def timed(action: Any) -> float:
