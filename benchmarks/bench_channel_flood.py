@@ -12,6 +12,11 @@ resident memory and thread count (before, peak, after), what the channel rejecte
 the attacker saw. Targets: RSS growth under 50 MB; threads bounded by a constant (the
 channel's ``max_pending`` + ``max_connections`` + its acceptor), whatever the flood's size.
 
+Both measured runs are warm (a first run, not measured, starts the driver's zygote); the table
+says whether each run's rank 0 was forked, from the run's record. The wall-time ratio is
+printed only when both runs returned the right value; otherwise the benchmark exits with
+status 1 after the table (a run the flood made fail is a finding, not a time).
+
     python benchmarks/bench_channel_flood.py [--connections 1000] [--slow 200] [--seconds 5]
 """
 
@@ -31,6 +36,7 @@ import time
 from typing import Any
 
 import psutil
+from instruments import rank0_forked, require
 
 MAGIC = b"SPT1"  # sparktrain.wire.MAGIC: the attacker knows the format, not the key
 HEADER = struct.Struct(">4sI")
@@ -200,6 +206,7 @@ class Sampler:
 @dataclasses.dataclass
 class Outcome:
     correct: bool
+    forked: bool | None
     seconds: float
     before: Sample
     peak: Sample
@@ -255,6 +262,7 @@ def run_once(args: argparse.Namespace, attack: bool) -> Outcome:
     server = servers[-1] if servers else None
     return Outcome(
         correct=value == EXPECTED,
+        forked=rank0_forked(runner),
         seconds=seconds,
         reports=len(runner.history),
         before=before,
@@ -277,6 +285,10 @@ def report(args: argparse.Namespace, quiet: Outcome, flooded: Outcome) -> None:
         rows.append((name, get(quiet), get(flooded)))
 
     row("run result correct", lambda o: "yes" if o.correct else "NO")
+    row(
+        "rank 0 forked from a zygote (warm)",
+        lambda o: {None: "?", True: "yes", False: "no"}[o.forked],
+    )
     row("wall time, s", lambda o: f"{o.seconds:.2f}")
     row("reports received from the ranks", lambda o: str(o.reports))
     row(
@@ -328,6 +340,12 @@ def report(args: argparse.Namespace, quiet: Outcome, flooded: Outcome) -> None:
             f"thread growth under flood: {extra} (bound: max_pending {pending} + "
             f"max_connections {conns} + acceptor = {bound}, whatever the flood's size)"
         )
+    require(
+        quiet.correct and flooded.correct,
+        "a run did not return the right value: no wall-time ratio "
+        f"(no flood: {'right' if quiet.correct else 'WRONG'}, flood: "
+        f"{'right' if flooded.correct else 'WRONG'})",
+    )
     print(f"wall time ratio flood / no flood: {flooded.seconds / quiet.seconds:.2f}")
 
 

@@ -6,6 +6,11 @@ launchers in one process, with the default ``grace_period`` (10 s), and the medi
 is printed with its ratio to Gloo's. ``--spark`` runs the ranks on local-cluster[2,1,1024]
 executors (take the shared Spark lock for that); by default they run on the driver (np=-2).
 
+Each run must fail the right way before its time counts: rank 1 the root cause, exited with
+code 1, rank 1's exit time written; anything else stops the benchmark with exit status 1.
+The time is taken from rank 1's exit, so how the ranks started (cold or forked warm: mpirun
+always starts new processes) does not enter it.
+
     python benchmarks/bench_fail_fast.py [--repeats 3] [--spark]
 """
 
@@ -18,6 +23,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from instruments import refuse, require
 
 
 def exit_after_init(stamp_dir: str) -> None:
@@ -46,11 +53,16 @@ def one(np: int, launcher: str, spark: Any) -> float:
             runner.run(exit_after_init, stamp_dir)
         except WorkerFailedError as exc:
             raised = time.time()
-            if "exited with code 1" not in str(exc):
-                raise
+            require(
+                exc.root_cause.rank == 1 and "exited with code 1" in str(exc),
+                f"launcher={launcher}: the run failed otherwise than rank 1 exiting with code "
+                f"1:\n{exc}",
+            )
         else:
-            raise AssertionError("the run did not fail")
-        with open(os.path.join(stamp_dir, "exit")) as fh:
+            refuse(f"launcher={launcher}: the run did not fail")
+        stamp = os.path.join(stamp_dir, "exit")
+        require(os.path.exists(stamp), f"launcher={launcher}: rank 1 never wrote its exit time")
+        with open(stamp) as fh:
             return raised - float(fh.read())
 
 

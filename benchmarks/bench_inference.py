@@ -5,7 +5,14 @@ column) with the same torch model, returning a prediction (argmax) and the class
 probabilities (softmax), with the same batch size. Each round runs both, in alternating
 order, writing to Spark's ``noop`` sink so that every row is computed and nothing is
 collected. The table shows rows per second and the ratio to the peer measured in the same
-run; nothing is asserted.
+run; no time is asserted.
+
+Before anything is timed, both outputs are compared on every row (joined on a row id): the
+same number of rows, the same prediction for each, and probabilities within 1e-5. If they
+differ the benchmark stops with exit status 1 and prints no ratio: the timed plans are the
+ones compared. State: warm. Round 0 (the first use of each in the session: Python workers
+start, the model is unpickled) is run and left out; the medians are of later rounds. No rank
+is launched here, so no zygote is involved.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_inference.py [--rows 200000] [--rounds 3]
 """
@@ -13,9 +20,12 @@ run; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
+
+from instruments import require
 
 FEATURES = 64
 CLASSES = 10
@@ -73,6 +83,39 @@ def peer_udf(state: dict[str, Any], batch_size: int) -> Any:
     )
 
 
+def agreement(mine: Any, theirs: Any, rows: int, tolerance: float = 1e-5) -> None:
+    """Stop the benchmark unless both outputs hold every row with the same prediction and
+    probabilities within ``tolerance``."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    joined = mine.select(
+        "id", F.col("prediction").alias("p1"), vector_to_array("probability").alias("q1")
+    ).join(
+        theirs.select("id", F.col("prediction").alias("p2"), F.col("probability").alias("q2")),
+        "id",
+    )
+    gap = F.array_max(F.zip_with("q1", "q2", lambda a, b: F.abs(a - b)))
+    stats = joined.select(
+        F.count("*").alias("rows"),
+        F.sum((F.col("p1") != F.col("p2")).cast("long")).alias("differ"),
+        F.max(gap).alias("gap"),
+    ).first()
+    counts = (mine.count(), theirs.count())
+    gap = float("nan") if stats["gap"] is None else float(stats["gap"])  # None: no row matched
+    print(
+        f"outputs: {counts[0]} and {counts[1]} rows, {stats['rows']} matched by id, "
+        f"{stats['differ']} predictions differ, largest probability gap {gap:.2e}",
+        flush=True,
+    )
+    require(
+        counts == (rows, rows) and stats["rows"] == rows,
+        f"the two predictors returned {counts} rows ({stats['rows']} matched), not {rows} each",
+    )
+    require(stats["differ"] == 0, f"{stats['differ']} of {rows} predictions differ")
+    require(gap <= tolerance, f"probabilities differ by up to {gap:.2e}, more than {tolerance:g}")
+
+
 def timed(action: Any) -> float:
     began = time.perf_counter()
     action()
@@ -88,7 +131,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     args = parser.parse_args(argv)
 
-    import numpy as np
     from pyspark.sql import functions as F
 
     from sparktrain.examples import spark_session
@@ -106,7 +148,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         data = (
             spark.range(0, args.rows, 1, args.partitions)
             .select(
-                F.array(*[F.rand(seed=i).cast("float") for i in range(FEATURES)]).alias("features")
+                "id",
+                F.array(*[F.rand(seed=i).cast("float") for i in range(FEATURES)]).alias("features"),
             )
             .cache()
         )
@@ -117,17 +160,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         )
 
         def run_ours() -> Any:
-            return ours.transform(data).select("prediction", "probability")
+            return ours.transform(data).select("id", "prediction", "probability")
 
         def run_peer() -> Any:
             out = data.withColumn("out", peer("features"))
-            return out.select("out.prediction", "out.probability")
+            return out.select("id", "out.prediction", "out.probability")
 
-        # The same predictions from both, on a sample.
-        mine = [r["prediction"] for r in run_ours().limit(2000).collect()]
-        theirs = [r["prediction"] for r in run_peer().limit(2000).collect()]
-        agree = float(np.mean(np.array(mine) == np.array(theirs)))
-        print(f"predictions agree on {agree:.2%} of 2000 rows", flush=True)
+        agreement(run_ours(), run_peer(), args.rows)
 
         def sink(frame: Any) -> None:
             frame.write.format("noop").mode("overwrite").save()
@@ -147,7 +186,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     peer_rate = args.rows / statistics.median(times["predict_batch_udf"])
     results = []
-    print(f"\n{'method':<22} {'median s':>9} {'rows/s':>10} {'vs peer':>8}   each round (s)")
+    print(
+        f"\nwarm: median of {args.rounds} rounds after round 0, outputs agreed on every row; "
+        f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} (1/5/15 min)"
+    )
+    print(f"{'method':<22} {'median s':>9} {'rows/s':>10} {'vs peer':>8}   each round (s)")
     for name, values in times.items():
         rate = args.rows / statistics.median(values)
         results.append({"method": name, "rows_per_s": rate, "ratio": rate / peer_rate})

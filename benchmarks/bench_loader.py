@@ -8,6 +8,12 @@ DataLoader measured just before it in the same round. Each round measures every 
 is shown but not summarized. The 1-minute load average is printed before and after every
 measurement, so a round that shared the CPUs with other work is visible. Times are printed,
 never asserted. The OS page cache is not dropped, so "cold" files are usually in memory.
+No rank is launched, so no zygote is involved: "cold" and "warm" are a loader's first and
+second epoch in this process.
+
+Every epoch's sample count, cold and warm, must equal ``--rows`` (one shard, no rows
+dropped), and each rate is computed from its own epoch's count; otherwise the benchmark stops
+with exit status 1 before printing ratios.
 
     .venv/bin/python benchmarks/bench_loader.py                 # 200k rows x 784 float32
     .venv/bin/python benchmarks/bench_loader.py --rounds 5 --step-ms 2
@@ -31,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from instruments import require
 from torch.utils.data import DataLoader, TensorDataset
 
 from sparktrain.data import SparkDatasetConverter, make_spark_converter
@@ -104,17 +111,23 @@ def drain(batches: Iterable[Any], step_s: float = 0.0) -> int:
     return seen
 
 
+def counted(name: str, epoch: str, samples: int, rows: int) -> int:
+    """``samples``, once checked to be every row: a rate over fewer rows measures less work."""
+    require(samples == rows, f"{name}: its {epoch} epoch gave {samples} samples, not {rows}")
+    return samples
+
+
 def in_memory(x: np.ndarray, y: np.ndarray, batch_size: int, step_s: float) -> Measurement:
     before = load_average()
     data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
     loader = DataLoader(data, batch_size=batch_size, shuffle=True)
     start = time.perf_counter()
-    samples = drain(loader, step_s)
+    cold = counted(BASELINE, "cold", drain(loader, step_s), len(y))
     cold_s = time.perf_counter() - start
     start = time.perf_counter()
-    drain(loader, step_s)
+    warm = counted(BASELINE, "warm", drain(loader, step_s), len(y))
     warm_s = time.perf_counter() - start
-    return Measurement(BASELINE, samples / cold_s, samples / warm_s, before, load_average())
+    return Measurement(BASELINE, cold / cold_s, warm / warm_s, before, load_average())
 
 
 def parquet_loader(
@@ -123,6 +136,7 @@ def parquet_loader(
     make: Callable[[], SparkDatasetConverter],
     batch_size: int,
     step_s: float,
+    rows: int,
 ) -> tuple[Measurement, SparkDatasetConverter]:
     """Cold: making the converter and the first epoch; warm: the second epoch."""
     before = load_average()
@@ -131,12 +145,12 @@ def parquet_loader(
     with converter.make_torch_dataloader(
         batch_size, cur_shard=0, shard_count=1, **options
     ) as loader:
-        samples = drain(loader, step_s)
+        cold = counted(name, "cold", drain(loader, step_s), rows)
         cold_s = time.perf_counter() - start
         start = time.perf_counter()
-        drain(loader, step_s)
+        warm = counted(name, "warm", drain(loader, step_s), rows)
         warm_s = time.perf_counter() - start
-    measured = Measurement(name, samples / cold_s, samples / warm_s, before, load_average())
+    measured = Measurement(name, cold / cold_s, warm / warm_s, before, load_average())
     return measured, converter
 
 
@@ -220,7 +234,7 @@ def main() -> None:
         # that it does not fall on whichever variant happens to go first.
         first = [
             in_memory(x, y, args.batch_size, step_s),
-            parquet_loader(*VARIANTS[0], make, args.batch_size, step_s)[0],
+            parquet_loader(*VARIANTS[0], make, args.batch_size, step_s, args.rows)[0],
         ]
         print_round("round 0", first)
         for number in range(1, args.rounds + 1):
@@ -231,7 +245,7 @@ def main() -> None:
             measured: dict[str, Measurement] = {}
             for name, options in VARIANTS[shift:] + VARIANTS[:shift]:
                 measured[name], converter = parquet_loader(
-                    name, options, make, args.batch_size, step_s
+                    name, options, make, args.batch_size, step_s, args.rows
                 )
             rows = [baseline, *(measured[name] for name, _ in VARIANTS)]
             print_round(f"round {number}", rows)
@@ -275,6 +289,7 @@ def spark_row(args: argparse.Namespace, raw: str, step_s: float) -> Measurement:
             ),
             args.batch_size,
             step_s,
+            args.rows,
         )
         converter.delete()
         return measured

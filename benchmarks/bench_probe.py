@@ -7,7 +7,8 @@ This measures, without Spark:
 * ``one host``: those per-task steps, against Horovod's ``get_local_intfs()`` (what
   ``horovodrun`` calls for its interface list) measured in the same run;
 * ``probe``: one task probing 3 others at 2 interfaces each over loopback (every link
-  answers: the cost of a working cluster), against the one-host steps.
+  answers: the cost of a working cluster), against the one-host steps. Every probe must
+  reach all 3 tasks at both interfaces, or the benchmark stops with exit status 1.
 
     python benchmarks/bench_probe.py [--repeats 200]
 """
@@ -18,6 +19,8 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+
+from instruments import require
 
 from sparktrain.cluster import TaskInfo
 from sparktrain.task.netinfo import interface_addresses, name_address
@@ -70,7 +73,13 @@ def main() -> None:
             )
             for lst_index, listener in zip((1, 2, 3), listeners, strict=True)
         ]
-        probed = median_ms(lambda: probe(me, [me, *peers], key), args.repeats // 4 or 1)
+        expected = {"eth0": [1, 2, 3], "ib0": [1, 2, 3]}
+
+        def probe_all() -> None:
+            reached = {name: sorted(found) for name, found in probe(me, [me, *peers], key).items()}
+            require(reached == expected, f"the probe reached {reached}, not {expected}")
+
+        probed = median_ms(probe_all, args.repeats // 4 or 1)
     finally:
         for listener in listeners:
             listener.close()

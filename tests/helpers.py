@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> None:
+    """Wait until ``condition()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what or condition} did not happen within {timeout}s")
+        time.sleep(0.02)
 
 
 def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60.0) -> list[Path]:

@@ -130,9 +130,30 @@ class FakeSc:
         return self._jsc.sc().calls
 
 
+class FakeClock:
+    """capacity's ``time`` module: ``sleep`` is logged and moves ``time()`` on at once."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+        self.sleeps: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def waited(self) -> float:
+        return sum(self.sleeps)
+
+
 @pytest.fixture(autouse=True)
-def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capacity, "POLL_INTERVAL", 0.01)
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """No test here waits for real: capacity's waits are read off this clock."""
+    fake = FakeClock()
+    monkeypatch.setattr(capacity, "time", fake)
+    return fake
 
 
 @pytest.mark.parametrize("value", ["true", "TRUE", " true "])
@@ -144,29 +165,29 @@ def test_dynamic_allocation_is_refused(value: str) -> None:
     assert sc.slot_calls == 0  # refused before looking at slots
 
 
-def test_dynamic_allocation_off_is_fine() -> None:
-    check_capacity(FakeSc(slots=4, conf={"spark.dynamicAllocation.enabled": "false"}), 4, 30)
+def test_dynamic_allocation_off_is_fine(clock: FakeClock) -> None:
+    sc = FakeSc(slots=4, conf={"spark.dynamicAllocation.enabled": "false"})
+    check_capacity(sc, 4, 30)
+    assert sc.slot_calls == 1 and clock.sleeps == []  # looked at the slots, did not wait
 
 
 @pytest.mark.parametrize("n, slots", [(1, 1), (2, 4), (4, 4)])
-def test_enough_slots_returns(n: int, slots: int) -> None:
+def test_enough_slots_returns(n: int, slots: int, clock: FakeClock) -> None:
     sc = FakeSc(slots=slots)
-    start = time.monotonic()
     check_capacity(sc, n, wait=30)
-    assert time.monotonic() - start < 0.5
+    assert clock.sleeps == []
     assert sc.slot_calls == 1
 
 
-def test_too_few_slots_on_an_old_session_fails_at_once() -> None:
+def test_too_few_slots_on_an_old_session_fails_at_once(clock: FakeClock) -> None:
     sc = FakeSc(
         slots=2,
         conf={"spark.task.cpus": "2", "spark.task.resource.gpu.amount": "1"},
         master="spark://m:7077",
     )
-    start = time.monotonic()
     with pytest.raises(CapacityError) as info:
         check_capacity(sc, 3, wait=30)
-    assert time.monotonic() - start < 1.0
+    assert clock.sleeps == []
     message = str(info.value)
     assert "np=3 needs 3 task slots at once" in message
     assert "the cluster has 2" in message
@@ -183,13 +204,13 @@ def test_too_few_slots_message_without_gpus() -> None:
     assert "gpu" not in str(info.value)
 
 
-def test_busy_slots_fail_after_a_short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capacity, "BUSY_WAIT", 0.3)
+def test_busy_slots_fail_after_a_short_wait(clock: FakeClock) -> None:
     sc = FakeSc(slots=4, busy=[2, 1], age=0.0)  # even a young session: slots exist, but busy
-    start = time.monotonic()
     with pytest.raises(CapacityError) as info:
         check_capacity(sc, 2, wait=30)
-    assert 0.3 <= time.monotonic() - start < 2.0  # BUSY_WAIT, not the 30 s capacity_wait
+    # BUSY_WAIT (15 s), not the 30 s capacity_wait, polled all the while.
+    assert capacity.BUSY_WAIT <= clock.waited() < capacity.BUSY_WAIT + capacity.POLL_INTERVAL
+    assert set(clock.sleeps) == {capacity.POLL_INTERVAL}
     message = str(info.value)
     assert "np=2 needs 2 free task slots" in message
     assert "3 of the cluster's 4 slots are busy with other jobs" in message
@@ -225,17 +246,20 @@ def test_slots_freed_by_an_ending_job_are_used() -> None:
     assert len(calls) >= 3
 
 
-def test_busy_but_enough_free_slots_returns() -> None:
-    check_capacity(FakeSc(slots=8, busy=[3]), 4, wait=30)
+def test_busy_but_enough_free_slots_returns(clock: FakeClock) -> None:
+    sc = FakeSc(slots=8, busy=[3])
+    check_capacity(sc, 4, wait=30)
+    assert sc.slot_calls == 1 and clock.sleeps == []  # 5 of 8 free: no wait for the busy 3
 
 
-def test_young_session_waits_for_executors_to_register(caplog: pytest.LogCaptureFixture) -> None:
+def test_young_session_waits_for_executors_to_register(
+    caplog: pytest.LogCaptureFixture, clock: FakeClock
+) -> None:
     answers = iter([0, 0, 1, 3])
     sc = FakeSc(slots=lambda: next(answers, 3), age=0.0)
-    start = time.monotonic()
     with caplog.at_level(logging.INFO, logger="sparktrain"):
         check_capacity(sc, 3, wait=30)
-    assert time.monotonic() - start < 1.0
+    assert clock.sleeps == [capacity.POLL_INTERVAL] * 3  # one poll per look, until 3 came
     assert sc.slot_calls == 4
     # Said once, not at every poll, with the setting that bounds the wait.
     [record] = caplog.records
@@ -252,14 +276,13 @@ def test_enough_slots_at_once_says_nothing(caplog: pytest.LogCaptureFixture) -> 
     assert caplog.records == []
 
 
-def test_young_session_gives_up_at_its_deadline() -> None:
+def test_young_session_gives_up_at_its_deadline(clock: FakeClock) -> None:
     sc = FakeSc(slots=1, age=0.0)
-    start = time.monotonic()
     with pytest.raises(CapacityError, match="the cluster has 1"):
-        check_capacity(sc, 2, wait=0.3)
-    elapsed = time.monotonic() - start
-    assert 0.2 < elapsed < 1.5
-    assert sc.slot_calls > 2  # it polled
+        check_capacity(sc, 2, wait=30)
+    # The session's start time is the real clock's, a moment before the fake one's start.
+    assert 30 - 1 < clock.waited() <= 30 + capacity.POLL_INTERVAL
+    assert sc.slot_calls == len(clock.sleeps) + 1  # it polled until the deadline
 
 
 def test_since_moves_the_start_of_the_wait() -> None:

@@ -183,7 +183,12 @@ def test_check_horovod_without_torch_extension(
     (tmp_path / "torch").mkdir()
     fake = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
     fake.submodule_search_locations = [str(tmp_path)]
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: fake)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, package=None: fake if name == "horovod" else real(name, package),
+    )
     with pytest.raises(ConfigurationError, match="without its PyTorch extension"):
         get_backend("horovod").check(RunConfig(np=2, backend="horovod", horovod_impl="horovod"))
     # auto: the ranks get the built-in horovod.torch instead.
@@ -198,21 +203,46 @@ def test_check_rejects_unknown_launcher() -> None:
         get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="ssh"))
 
 
+# Real shared libraries to stand in for Horovod's torch extension: torch's own core library
+# (linked without MPI, as a Gloo-only Horovod build is) and Open MPI's C++ bindings (linked
+# against libmpi, as an MPI build is). Whether a build links MPI is read from the file itself.
+OPEN_MPI_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/libmpi_cxx.so.40")
+
+
+def _torch_library() -> Path:
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(spec.submodule_search_locations[0], "lib", "libc10.so")
+
+
 @pytest.fixture
 def fake_horovod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """An installed-looking horovod whose torch extension is a file we control."""
-    lib = tmp_path / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so"
-    lib.parent.mkdir()
-    lib.write_bytes(b"\x7fELF...libgloo...")
+    """An installed-looking horovod package (found by name only; every other module is found
+    as usual) whose torch extension is a real library built without MPI."""
+    package = tmp_path / "horovod"
+    lib = package / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so"
+    lib.parent.mkdir(parents=True)
+    lib.symlink_to(_torch_library())
     fake = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
-    fake.submodule_search_locations = [str(tmp_path)]
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: fake)
+    fake.submodule_search_locations = [str(package)]
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        return fake if name == "horovod" else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     return lib
 
 
 def test_check_gloo_with_horovod_passes(fake_horovod: Path) -> None:
-    get_backend("horovod").check(RunConfig(np=2, backend="horovod"))
-    get_backend("horovod").check(RunConfig(np=-2, backend="horovod", launcher="gloo"))
+    for config in (
+        RunConfig(np=2, backend="horovod"),
+        RunConfig(np=-2, backend="horovod", launcher="gloo"),
+        RunConfig(np=2, backend="horovod", horovod_impl="horovod"),
+    ):
+        get_backend("horovod").check(config)
+        assert hb.builtin_reason(config) is None  # the ranks use the installed Horovod
+    assert hb.horovod_torch_library() == fake_horovod
 
 
 def test_check_mpi_without_mpirun(monkeypatch: pytest.MonkeyPatch, fake_horovod: Path) -> None:
@@ -229,12 +259,19 @@ def test_check_mpi_with_horovod_built_without_mpi(
         get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="mpi"))
 
 
+@pytest.mark.skipif(not OPEN_MPI_LIBRARY.exists(), reason=f"no Open MPI ({OPEN_MPI_LIBRARY})")
 def test_check_mpi_with_everything_passes(
     monkeypatch: pytest.MonkeyPatch, fake_horovod: Path
 ) -> None:
-    fake_horovod.write_bytes(b"\x7fELF...libmpi.so.40...")
-    monkeypatch.setattr(hb.shutil, "which", lambda name: "/usr/bin/mpirun")
-    get_backend("horovod").check(RunConfig(np=2, backend="horovod", launcher="mpi"))
+    fake_horovod.unlink()
+    fake_horovod.symlink_to(OPEN_MPI_LIBRARY)  # an extension linked against libmpi
+    looked_up: list[str] = []
+    monkeypatch.setattr(hb.shutil, "which", lambda name: looked_up.append(name) or "/x/mpirun")
+    config = RunConfig(np=2, backend="horovod", launcher="mpi")
+    get_backend("horovod").check(config)
+    assert looked_up == ["mpirun"]  # it looked for mpirun, and found the extension links MPI
+    assert hb._links_mpi(fake_horovod) is True
+    assert hb.builtin_reason(config) is None
 
 
 # -- the built-in horovod.torch (sparktrain.hvdcompat) --------------------------------------

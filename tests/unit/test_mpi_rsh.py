@@ -27,6 +27,7 @@ from sparktrain.task.job import TaskJob
 from sparktrain.task.mpi.launch import MpiRun, MpiTask
 from sparktrain.task.mpi.peers import PeerServer
 from sparktrain.task.session import TaskSession
+from tests.helpers import alive, wait_for, wait_gone
 
 KEY = b"k" * 32
 
@@ -128,10 +129,7 @@ def test_a_killed_agent_stops_the_daemon(daemon_task, tmp_path):
     pid_file = tmp_path / "daemon.pid"
     proc = agent(env, "127.0.0.2", f"echo $$ > {pid_file}; exec sleep 60")
     launcher.next("daemon_started")
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() or not pid_file.read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the daemon's pid")
     daemon_pid = int(pid_file.read_text())
     proc.send_signal(signal.SIGTERM)  # what mpirun does to its agents when it stops
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
@@ -212,17 +210,12 @@ def test_guard_stops_its_group_when_the_supervisor_is_gone(tmp_path):
     pid_file = tmp_path / "child.pid"
     guard = _guard(["/bin/sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], read_end)
     os.close(read_end)
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() or not pid_file.read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the child's pid")
     grandchild = int(pid_file.read_text())
+    assert alive([grandchild]) == [grandchild]
     os.close(write_end)  # the supervisor died
     guard.wait(timeout=30)
-    time.sleep(0.2)
-    assert not psutil.pid_exists(grandchild) or (
-        psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
-    )
+    wait_gone([grandchild], timeout=30)  # a zombie counts as gone: it has exited
 
 
 # -- the worker under mpirun ------------------------------------------------------------------

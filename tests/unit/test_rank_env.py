@@ -207,7 +207,14 @@ def test_torch_backend_rejects_horovod_launchers(launcher: str) -> None:
 
 @pytest.mark.parametrize("launcher", [None, "torch"])
 def test_torch_backend_accepts_its_launchers(launcher: str | None) -> None:
-    TorchBackend().check(RunConfig(np=2, launcher=launcher))
+    config = RunConfig(np=2, launcher=launcher)
+    TorchBackend().check(config)
+    # Accepted means torch's own wiring: env:// from MASTER_ADDR/PORT, no Horovod rendezvous.
+    spec = gpu_spec([("10.0.0.1", ()), ("10.0.0.2", ())])
+    env = full_env(spec, 1, config)
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == str(spec.master_port)
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
+    assert not [name for name in env if name.startswith("HOROVOD_")]
 
 
 def test_every_per_rank_variable_is_reserved() -> None:

@@ -130,8 +130,18 @@ def test_a_converter_cache_declared_shared_is_checked(monkeypatch, tmp_path):
 
 
 def test_one_host_or_a_url_is_never_checked(monkeypatch, tmp_path):
+    verified = []
+    monkeypatch.setattr(shared_paths, "verify_shared", lambda *args: verified.append(args))
     _as_rank(monkeypatch, 2, 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # every rank on one host
-    shared_paths.check_shared("x", "p", str(tmp_path), False, "fix")
+    for shared in (False, True):
+        shared_paths.check_shared("x", "p", str(tmp_path), shared, "fix")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    shared_paths.check_shared("x", "s3://b/p", None, False, "fix")
+    for shared in (False, True):
+        shared_paths.check_shared("x", "s3://b/p", None, shared, "fix")
+    # Not refused, not verified (no marker waited for), nothing written.
+    assert verified == []
+    assert list(tmp_path.iterdir()) == []
+    # The same path declared shared on ranks that span hosts is verified: the spy works.
+    shared_paths.check_shared("x", "p", str(tmp_path), True, "fix")
+    assert verified == [("x", "p", str(tmp_path))]

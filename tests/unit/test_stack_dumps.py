@@ -8,13 +8,13 @@ import signal
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sparktrain import stacks
+from sparktrain.task import stackpipe
 from sparktrain.task.process import RankProcess, stop_all
 
 # A worker's way of answering, then a function that naps where the test can find it.
@@ -89,12 +89,25 @@ def test_a_rank_dumps_its_stack_and_runs_on(started: list[RankProcess], tmp_path
 
 
 def test_a_process_that_cannot_answer_is_not_signalled(
-    started: list[RankProcess], tmp_path: Path
+    started: list[RankProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc = spawn(started, tmp_path, NEVER_ANSWERS)
-    start = time.monotonic()
+    assert proc._stacks is not None
+    cond = proc._stacks._cond
+    waits: list[float | None] = []
+    signals: list[str] = []
+    wait_for = cond.wait_for
+
+    def logged_wait(predicate: Callable[[], object], timeout: float | None = None) -> object:
+        waits.append(timeout)
+        return wait_for(predicate, timeout)
+
+    monkeypatch.setattr(cond, "wait_for", logged_wait)
+    monkeypatch.setattr(proc, "_send_dump_signal", lambda: signals.append("sent") or True)
     assert proc.dump_stack(timeout=10) is None
-    assert time.monotonic() - start < 1  # it knew at once: no header came
+    # It knew without using the 10 s: one wait for the header, at most HEADER_WAIT long.
+    assert len(waits) == 1 and waits[0] is not None and waits[0] <= stackpipe.HEADER_WAIT
+    assert signals == []
     assert proc.proc.poll() is None  # SIGUSR1 would have ended it
 
 

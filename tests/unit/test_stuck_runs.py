@@ -48,14 +48,18 @@ def _silent_for(seconds: float, pid_dir: str = "") -> int:
     return int(os.environ["RANK"])
 
 
-def _rank1_raises() -> None:
+def _rank1_raises(folder: str) -> None:
     import os
     import time
 
     print("ready", flush=True)
+    napping = os.path.join(folder, "rank0-napping")
     if os.environ["RANK"] == "1":
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(napping) and time.monotonic() < deadline:
+            time.sleep(0.01)  # rank 0 is about to nap: its stack then shows where
         raise ValueError("rank 1 gave up")
+    open(napping, "w").close()
     time.sleep(120)
 
 
@@ -122,10 +126,10 @@ def test_a_stall_with_stall_action_warn_shows_the_stacks_once_and_the_run_goes_o
     assert "no rank has printed or reported anything for 3s" in caplog.text
 
 
-def test_a_failure_elsewhere_shows_where_the_stopped_rank_was() -> None:
+def test_a_failure_elsewhere_shows_where_the_stopped_rank_was(tmp_path: Path) -> None:
     runner = SparkRunner(np=-2, grace_period=1, progress=False)
     with pytest.raises(WorkerFailedError) as info:
-        runner.run(_rank1_raises)
+        runner.run(_rank1_raises, str(tmp_path))
     message = str(info.value)
     assert info.value.root_cause.rank == 1
     assert message.index("rank 1 on 127.0.0.1 raised ValueError") < message.index("Where each")
