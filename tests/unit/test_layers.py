@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
         "script",
         "mpi_args",
         "interfaces",
+        "rendezvous",
     ),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
     ("worker", "hvdcompat"),  # inside a rank
