@@ -43,8 +43,8 @@ from sparktrain.wire import protocol
 # Seconds one probe connection may take (connect, challenge, answer). A link that works
 # answers in milliseconds; one that does not costs this once (probes run in parallel).
 PROBE_TIMEOUT = 2.0
-# Tries of a link whose connection was made but lost (dropped by a crowded listener): the
-# tries of each link, so a link that never connects (a dead interface) costs one timeout.
+# Tries of a link whose probe failed at once (refused, or dropped by a crowded listener); a
+# probe that took its whole timeout is not tried again, so a dead link costs one timeout.
 PROBE_TRIES = 3
 # Seconds a connection to the listener has, from its accept, to send its challenge; a real
 # probe sends it at once.
@@ -238,24 +238,24 @@ class ProbeListener:
 
 
 def _try(address: str, port: int, index: int, key: bytes, timeout: float) -> str:
-    """One probe: ``"ok"``, ``"unreached"`` (no connection: a dead link, tried no more) or
-    ``"lost"`` (connected, but no right answer: a crowded listener, worth another try)."""
+    """One probe: ``"ok"``; ``"lost"`` when it failed at once (refused, reset, closed before
+    the answer: nothing listens yet, or a crowded listener dropped it), worth another try;
+    ``"unreached"`` when it took the whole ``timeout`` (a dead link, tried no more: so an
+    unreachable link costs the timeout once) or was answered by another task."""
     challenge = os.urandom(_CHALLENGE)
     try:
-        sock = socket.create_connection((address, port), timeout=timeout)
-    except OSError as exc:
-        refused = isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED
-        # Refused: nothing listens there (it may still be starting, or was closed): cheap to
-        # ask again. Silence or no route: the link is dead.
-        return "lost" if refused else "unreached"
-    try:
-        with sock:
+        with socket.create_connection((address, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
             sock.sendall(challenge)
             answer = _read(sock, _ANSWER)
-    except OSError:
+    except TimeoutError:
+        return "unreached"
+    except OSError as exc:
+        # No route, or the network is down: as dead as a silent link.
+        return "unreached" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "lost"
+    if len(answer) < _ANSWER:
         return "lost"
-    return "ok" if hmac.compare_digest(answer, _answer(key, challenge, index)) else "lost"
+    return "ok" if hmac.compare_digest(answer, _answer(key, challenge, index)) else "unreached"
 
 
 def reaches(address: str, port: int, index: int, key: bytes, timeout: float) -> bool:

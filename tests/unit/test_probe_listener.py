@@ -1,0 +1,202 @@
+"""The probe listener against strangers (real sockets on loopback): connections that never
+send, or send slowly, held open while real probes run, never turn into a wrong verdict; the
+listener is one thread, holds few connections, and listens where it is told."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sparktrain.cluster import TaskInfo
+from sparktrain.task import probe as probe_module
+from sparktrain.task.probe import ProbeListener, _answer, probe, reaches
+
+KEY = b"k" * 32
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+class Strangers:
+    """``idle`` connections that never send and ``slow`` ones that send a byte every
+    ``pace`` seconds, all to ``address:port``, each opened again as soon as it is dropped
+    (a stranger that insists), from one thread until :meth:`stop`."""
+
+    def __init__(self, address: str, port: int, idle: int, slow: int, pace: float = 0.2):
+        self.address, self.port, self.pace = address, port, pace
+        self.selector = selectors.DefaultSelector()
+        self.stopped = threading.Event()
+        self.opened = 0
+        self.wanted = {"idle": idle, "slow": slow}
+        self.held = {"idle": 0, "slow": 0}
+        for kind, count in self.wanted.items():
+            for _ in range(count):
+                self._open(kind)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self, kind: str) -> None:
+        try:
+            sock = socket.create_connection((self.address, self.port), timeout=2)
+        except OSError:
+            return
+        sock.setblocking(False)
+        self.selector.register(sock, selectors.EVENT_READ, kind)
+        self.opened += 1
+        self.held[kind] += 1
+
+    def _run(self) -> None:
+        next_byte = time.monotonic()
+        while not self.stopped.is_set():
+            for key, _ in self.selector.select(0.05):
+                sock = key.fileobj
+                try:
+                    data = sock.recv(64)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # dropped by the listener: come back
+                    self.selector.unregister(sock)
+                    sock.close()
+                    self.held[key.data] -= 1
+            for kind, count in self.wanted.items():
+                while self.held[kind] < count and not self.stopped.is_set():
+                    self._open(kind)
+            if time.monotonic() >= next_byte:
+                next_byte += self.pace
+                for key in list(self.selector.get_map().values()):
+                    if key.data == "slow":
+                        try:
+                            key.fileobj.send(b"x")
+                        except OSError:
+                            pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        for key in list(self.selector.get_map().values()):
+            key.fileobj.close()
+        self.selector.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[ProbeListener]:
+    with ProbeListener(KEY, 3, ["127.0.0.1"]) as it:
+        yield it
+
+
+def target(port: int, index: int = 3, address: str = "127.0.0.1") -> TaskInfo:
+    return TaskInfo(
+        index=index, host="b", port=0, interfaces=(("eth0", (address,)),), probe_port=port
+    )
+
+
+def test_idle_and_slow_strangers_held_open_do_not_change_the_verdict(listener) -> None:
+    before = threading.active_count()
+    strangers = Strangers("127.0.0.1", listener.port, idle=50, slow=50)
+    try:
+        wait_for(lambda: strangers.opened >= 100)
+        # Every real probe meanwhile is answered, and proves the right task.
+        for _ in range(20):
+            assert probe([target(listener.port)], KEY) == {"eth0": [3]}
+        assert not reaches("127.0.0.1", listener.port, 2, KEY, timeout=2.0)
+        # The strangers were dropped (deadline, or pushed out) and came back, again and again.
+        wait_for(lambda: listener.dropped > 100)
+        wait_for(lambda: listener.answered >= 21)
+    finally:
+        strangers.stop()
+    # One thread serves them all: none was started per connection.
+    names = [t.name for t in threading.enumerate()]
+    assert names.count("sparktrain-probe") == 1
+    assert threading.active_count() <= before + 1
+
+
+def test_pending_connections_are_bounded_and_the_oldest_goes_first() -> None:
+    with ProbeListener(KEY, 0, ["127.0.0.1"], deadline=60.0, max_pending=4) as small:
+        socks = [socket.create_connection(("127.0.0.1", small.port), timeout=5) for _ in range(10)]
+        try:
+            wait_for(lambda: small.dropped == 6)
+            socks[0].settimeout(5)
+            assert socks[0].recv(1) == b""  # the oldest was closed
+            socks[-1].setblocking(False)
+            with pytest.raises(BlockingIOError):
+                socks[-1].recv(1)  # the newest is still held
+            assert reaches("127.0.0.1", small.port, 0, KEY, timeout=2.0)
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+def test_a_connection_that_never_sends_is_dropped_at_its_deadline() -> None:
+    with ProbeListener(KEY, 0, ["127.0.0.1"], deadline=0.2) as quick:
+        with socket.create_connection(("127.0.0.1", quick.port), timeout=5) as idle:
+            idle.settimeout(5)
+            assert idle.recv(1) == b""
+        assert quick.dropped == 1
+
+
+def test_the_listener_listens_only_on_the_addresses_it_is_given() -> None:
+    with ProbeListener(KEY, 5, ["127.0.0.2", "127.0.0.3"]) as only:
+        assert only.addresses == ["127.0.0.2", "127.0.0.3"]
+        assert reaches("127.0.0.2", only.port, 5, KEY, timeout=2.0)
+        assert reaches("127.0.0.3", only.port, 5, KEY, timeout=2.0)
+        assert not reaches("127.0.0.1", only.port, 5, KEY, timeout=2.0)
+    with ProbeListener(KEY, 5) as everywhere:
+        assert everywhere.addresses == ["0.0.0.0"]
+
+
+def test_a_probe_dropped_by_a_crowded_listener_is_tried_again() -> None:
+    # A listener that drops the first connection unanswered (as a crowded one does), then
+    # answers: one try says "unreached", the default tries reach it.
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        first = True
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                if first:
+                    first = False
+                    continue
+                challenge = conn.recv(16)
+                conn.sendall(_answer(KEY, challenge, 3))
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert probe([target(port)], KEY, tries=1) == {}
+        assert probe([target(port)], KEY) == {"eth0": [3]}  # first try dropped, second answered
+    finally:
+        server.close()
+
+
+def test_a_link_that_accepts_and_never_answers_costs_one_timeout(monkeypatch) -> None:
+    tries = []
+    real = probe_module._try
+
+    def counted(*args, **kwargs):
+        tries.append(args[:2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe_module, "_try", counted)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; no answer
+        with ProbeListener(KEY, 3, ["127.0.0.1"]) as alive:
+            found = probe(
+                [target(alive.port), target(silent.getsockname()[1], index=4)], KEY, timeout=0.5
+            )
+    assert found == {"eth0": [3]}
+    assert len(tries) == 2  # each link once: the silent one is not tried again
