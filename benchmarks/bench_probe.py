@@ -6,8 +6,10 @@ This measures, without Spark:
 
 * ``one host``: those per-task steps, against Horovod's ``get_local_intfs()`` (what
   ``horovodrun`` calls for its interface list) measured in the same run;
-* ``probe``: one task probing 3 others at 2 interfaces each over loopback (every link
-  answers: the cost of a working cluster), against the one-host steps.
+* ``probe``: one host's prober probing 3 others at 2 interfaces each over loopback (every
+  link answers: the cost of a working cluster), against the one-host steps.
+
+Strangers at the probe port and the probes at width: ``benchmarks/bench_interface_choice.py``.
 
     python benchmarks/bench_probe.py [--repeats 200]
 """
@@ -59,7 +61,6 @@ def main() -> None:
 
     listeners = [ProbeListener(key, i) for i in (1, 2, 3)]
     try:
-        me = TaskInfo(index=0, host="h0", port=1)
         peers = [
             TaskInfo(
                 index=lst_index,
@@ -70,7 +71,7 @@ def main() -> None:
             )
             for lst_index, listener in zip((1, 2, 3), listeners, strict=True)
         ]
-        probed = median_ms(lambda: probe(me, [me, *peers], key), args.repeats // 4 or 1)
+        probed = median_ms(lambda: probe(peers, key), args.repeats // 4 or 1)
     finally:
         for listener in listeners:
             listener.close()

@@ -4,7 +4,6 @@ listener is one thread, holds few connections, and listens where it is told."""
 
 from __future__ import annotations
 
-import selectors
 import socket
 import threading
 import time
@@ -15,6 +14,7 @@ import pytest
 from sparktrain.cluster import TaskInfo
 from sparktrain.task import probe as probe_module
 from sparktrain.task.probe import ProbeListener, _answer, probe, reaches
+from tests.fixtures.strangers import Strangers
 
 KEY = b"k" * 32
 
@@ -25,69 +25,6 @@ def wait_for(condition, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
-
-
-class Strangers:
-    """``idle`` connections that never send and ``slow`` ones that send a byte every
-    ``pace`` seconds, all to ``address:port``, each opened again as soon as it is dropped
-    (a stranger that insists), from one thread until :meth:`stop`."""
-
-    def __init__(self, address: str, port: int, idle: int, slow: int, pace: float = 0.2):
-        self.address, self.port, self.pace = address, port, pace
-        self.selector = selectors.DefaultSelector()
-        self.stopped = threading.Event()
-        self.opened = 0
-        self.wanted = {"idle": idle, "slow": slow}
-        self.held = {"idle": 0, "slow": 0}
-        for kind, count in self.wanted.items():
-            for _ in range(count):
-                self._open(kind)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _open(self, kind: str) -> None:
-        try:
-            sock = socket.create_connection((self.address, self.port), timeout=2)
-        except OSError:
-            return
-        sock.setblocking(False)
-        self.selector.register(sock, selectors.EVENT_READ, kind)
-        self.opened += 1
-        self.held[kind] += 1
-
-    def _run(self) -> None:
-        next_byte = time.monotonic()
-        while not self.stopped.is_set():
-            for key, _ in self.selector.select(0.05):
-                sock = key.fileobj
-                try:
-                    data = sock.recv(64)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:  # dropped by the listener: come back
-                    self.selector.unregister(sock)
-                    sock.close()
-                    self.held[key.data] -= 1
-            for kind, count in self.wanted.items():
-                while self.held[kind] < count and not self.stopped.is_set():
-                    self._open(kind)
-            if time.monotonic() >= next_byte:
-                next_byte += self.pace
-                for key in list(self.selector.get_map().values()):
-                    if key.data == "slow":
-                        try:
-                            key.fileobj.send(b"x")
-                        except OSError:
-                            pass
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(5)
-        for key in list(self.selector.get_map().values()):
-            key.fileobj.close()
-        self.selector.close()
 
 
 @pytest.fixture
