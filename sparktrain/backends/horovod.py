@@ -107,6 +107,7 @@ def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
     for host, size in spec.host_sizes:
         for local_rank in range(size):
             with_local.setdefault(local_rank, []).append(host)
+    with_local_before: dict[int, list[str]] = {local_rank: [] for local_rank in with_local}
     slots: list[HorovodSlot] = []
     for host, size in spec.host_sizes:
         for local_rank in range(size):
@@ -118,10 +119,12 @@ def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
                     size=spec.world_size,
                     local_rank=local_rank,
                     local_size=size,
-                    cross_rank=peers.index(host),
+                    # Hosts are appended in node order: this host is the last one so far.
+                    cross_rank=len(with_local_before[local_rank]),
                     cross_size=len(peers),
                 )
             )
+            with_local_before[local_rank].append(host)
     return tuple(slots)
 
 
@@ -205,8 +208,8 @@ def gloo_name_problem(spec: ClusterSpec) -> str | None:
     if spec.num_nodes < 2:
         return None  # one host: loopback reaches every rank
     bad = []
-    for host, _ in spec.hosts():
-        task = spec.on_host(host)[0].task
+    for first in (r for r in spec.ranks if r.local_rank == 0):
+        host, task = first.task.host, first.task
         if task.name_address is None:
             continue  # not reported
         if not task.name_address:
