@@ -65,6 +65,18 @@ class Layout:
     probing: bool
     whole_for_rank0: bool = False
     rank_by_index: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    # Each rank's entry and its size in JSON, made once for all the tasks of its host.
+    _entries: dict[int, tuple[dict[str, Any], int]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def entry(self, rank: RankSpec) -> tuple[dict[str, Any], int]:
+        """``rank``'s entry in a ``go`` (:func:`rank_entry`) and its size in JSON."""
+        found = self._entries.get(rank.rank)
+        if found is None:
+            made = rank_entry(rank)
+            found = self._entries[rank.rank] = (made, len(json.dumps(made)))
+        return found
 
     def rank_of(self, index: int) -> int:
         """The rank of task ``index``."""
@@ -180,8 +192,7 @@ def go_messages(layout: Layout, slots: Sequence[int]) -> list[dict[str, Any]]:
     chunk: list[dict[str, Any]] = []
     size = 0
     for rank in ranks:
-        entry = rank_entry(rank)
-        cost = len(json.dumps(entry))
+        entry, cost = layout.entry(rank)
         if chunk and size + cost > FRAME_BUDGET:
             messages.append(protocol.LAYOUT(ranks=chunk))
             chunk, size = [], 0
@@ -194,7 +205,7 @@ def go_messages(layout: Layout, slots: Sequence[int]) -> list[dict[str, Any]]:
             num_nodes=spec.num_nodes,
             master_addr=spec.master_addr,
             master_port=spec.master_port,
-            first=rank_entry(spec.first),
+            first=layout.entry(spec.first)[0],
             ranks=chunk,
             hosts=hosts,
             probing=layout.probing,
