@@ -241,9 +241,12 @@ class GoAssembler:
         self.go: dict[str, Any] | None = None
 
     def add(self, message: Mapping[str, Any]) -> bool:
-        """Take a ``layout`` or ``go`` message; True once the ``go`` has come."""
+        """Take a ``layout`` or ``go`` message (any other kind is left alone); True once the
+        ``go`` has come."""
         if message.get("type") == protocol.LAYOUT.name:
             self._ranks.extend(message["ranks"])
+            return False
+        if message.get("type") != protocol.GO.name:
             return False
         go = dict(message)
         go["ranks"] = self._ranks + list(go["ranks"])

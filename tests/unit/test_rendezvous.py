@@ -39,7 +39,7 @@ def tasks_on(hosts: Sequence[str], per_task: int = 1, probe_port: int = 0) -> li
                     host=host,
                     port=7000 + partition if slot == 0 else 0,
                     gpus=(str(slot),),
-                    gpu_uuids=(f"GPU-{host}-{slot}",),
+                    gpu_uuids=(f"GPU-{host}-{partition}-{slot}",),
                     interfaces=(("eth0", (host,)), ("ib0", (f"10.9.{partition}.{slot}",))),
                     probe_port=probe_port,
                     slot=slot,
@@ -222,3 +222,54 @@ def test_one_host_unreachable_on_every_interface_is_named_clearly() -> None:
     # A long list is cut, with a count: ib0 failed on all 20 x 9 links.
     assert "; and 168 more" in why
     assert "spark.sparktrain.nics" in why
+
+
+def test_the_driver_sends_each_task_its_hosts_part_and_chooses_from_the_probers(
+    tmp_path,
+) -> None:
+    # 32 tasks on 4 hosts speak the real protocol to the real monitor over real sockets.
+    import threading
+
+    from sparktrain import wire
+    from sparktrain.driver.channel import ChannelServer
+    from sparktrain.driver.monitor import RunMonitor
+    from tests.unit.test_monitor import FakeLaunch
+
+    n, hosts = 32, ["198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.4"]
+    infos = tasks_on([hosts[i // 8] for i in range(n)], probe_port=9)
+    got: dict[int, dict] = {}
+    chosen: dict[int, str] = {}
+
+    def body(tasks, done) -> None:
+        def one(task) -> None:
+            info = infos[task.index]
+            task.client.send(protocol.HELLO(index=task.index, info=info.as_dict()))
+            assembler = GoAssembler()
+            while not assembler.add(task.client.receive()):
+                pass
+            go = got[task.index] = assembler.go
+            view = view_of(go)
+            if view.probe:  # this host's prober: every other host reached on eth0 only
+                reached = {"eth0": [t.index for t in view.probe]}
+                task.client.send(protocol.PROBED(index=task.index, reached=reached))
+            message = task.client.receive()
+            chosen[task.index] = message.get("ifname", message["type"])
+            task.client.send(protocol.EXITED(index=task.index))
+
+        threads = [threading.Thread(target=one, args=(t,)) for t in tasks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        done([{"index": i, "rank": i, "status": "ok", "result": None} for i in range(n)], None)
+
+    with ChannelServer(wire.new_key()) as server:
+        config = RunConfig(np=n, grace_period=1, nics=["ib0", "eth0"])
+        records = RunMonitor(config, server).watch(FakeLaunch(server, n, body))
+    assert len(records) == n
+    assert chosen == {i: "eth0" for i in range(n)}
+    whole = build_cluster_spec(infos)
+    for index, go in got.items():
+        view = view_of(go)
+        assert view.spec.ranks == tuple(whole.on_host(infos[index].host))
+        assert bool(view.probe) == (index % 8 == 0)  # one prober per host
