@@ -40,19 +40,27 @@ from sparktrain.rendezvous import TaskView
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
 
-# Seconds one probe connection may take (connect, challenge, answer). A link that works
-# answers in milliseconds; one that does not costs this once (probes run in parallel).
+# Seconds one link is tried for (connect, challenge, answer, again if it fails). A link that
+# works answers in milliseconds; one that does not costs this once (links run in parallel).
 PROBE_TIMEOUT = 2.0
-# Tries of a link whose probe failed at once (refused, or dropped by a crowded listener); a
-# probe that took its whole timeout is not tried again, so a dead link costs one timeout.
+# Each try within it gets at most this part of it: a connection that got no answer (its
+# handshake lost to a listener whose queue strangers filled, say) is made again at once,
+# rather than waiting on the kernel's slower retransmits.
+TRY_SHARE = 0.25
+# A link dropped at once (refused, or closed by a crowded listener) is tried for up to this
+# many such windows, while the start budget lasts; a silent one gets one window.
 PROBE_TRIES = 3
 # Seconds a connection to the listener has, from its accept, to send its challenge; a real
 # probe sends it at once.
 CONNECTION_DEADLINE = 1.0
 # Connections the listener holds at once, waiting for their challenge; the oldest goes first.
-MAX_PENDING = 64
+MAX_PENDING = 256
+# Connections the kernel queues for the listener before it accepts them.
+BACKLOG = 1024
 # Probes in flight at once for one prober.
 MAX_PARALLEL = 128
+# Pause before trying again a link that was dropped at once.
+_RETRY_PAUSE = 0.05
 _CHALLENGE = 16
 _ANSWER = 4 + hashlib.sha256().digest_size
 _TAG = b"sparktrain-probe:"
@@ -123,7 +131,7 @@ class ProbeListener:
         self._port = int(self._socks[0].getsockname()[1])
         self._selector = selectors.DefaultSelector()
         for sock in self._socks:
-            sock.listen(128)
+            sock.listen(BACKLOG)
             sock.setblocking(False)
             self._selector.register(sock, selectors.EVENT_READ, "listen")
         self._wake_r, self._wake_w = socket.socketpair()
@@ -238,10 +246,10 @@ class ProbeListener:
 
 
 def _try(address: str, port: int, index: int, key: bytes, timeout: float) -> str:
-    """One probe: ``"ok"``; ``"lost"`` when it failed at once (refused, reset, closed before
-    the answer: nothing listens yet, or a crowded listener dropped it), worth another try;
-    ``"unreached"`` when it took the whole ``timeout`` (a dead link, tried no more: so an
-    unreachable link costs the timeout once) or was answered by another task."""
+    """One probe: ``"ok"``; ``"other"`` when another task answered (a shared address);
+    ``"silent"`` when it took the whole ``timeout``; ``"lost"`` when it failed at once
+    (refused, reset, closed before the answer: nothing listens yet, or a crowded listener
+    dropped it)."""
     challenge = os.urandom(_CHALLENGE)
     try:
         with socket.create_connection((address, port), timeout=timeout) as sock:
@@ -249,17 +257,48 @@ def _try(address: str, port: int, index: int, key: bytes, timeout: float) -> str
             sock.sendall(challenge)
             answer = _read(sock, _ANSWER)
     except TimeoutError:
-        return "unreached"
+        return "silent"
     except OSError as exc:
         # No route, or the network is down: as dead as a silent link.
-        return "unreached" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "lost"
+        return "silent" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "lost"
     if len(answer) < _ANSWER:
         return "lost"
-    return "ok" if hmac.compare_digest(answer, _answer(key, challenge, index)) else "unreached"
+    return "ok" if hmac.compare_digest(answer, _answer(key, challenge, index)) else "other"
+
+
+def _link(
+    address: str,
+    port: int,
+    index: int,
+    key: bytes,
+    timeout: float,
+    end: float | None,
+    tries: int,
+) -> bool:
+    """Whether task ``index`` answers at ``address:port``, tried for ``timeout`` (so a dead
+    link costs that once), and for up to ``tries`` such windows before ``end`` while each
+    try is dropped at once (a crowded listener)."""
+    window_end = time.monotonic() + timeout
+    windows = 1
+    while True:
+        left = window_end - time.monotonic()
+        outcome = _try(address, port, index, key, max(0.01, min(timeout * TRY_SHARE, left)))
+        if outcome in ("ok", "other"):
+            return outcome == "ok"
+        now = time.monotonic()
+        if outcome == "lost" and now >= window_end and windows < tries:
+            if end is None or now + timeout <= end:
+                windows += 1
+                window_end = now + timeout
+        if now >= window_end:
+            return False
+        if outcome == "lost":
+            time.sleep(min(_RETRY_PAUSE, window_end - now))  # let a crowded listener drain
 
 
 def reaches(address: str, port: int, index: int, key: bytes, timeout: float) -> bool:
-    """Whether the task ``index`` answers at ``address:port`` (proven by the run's key)."""
+    """Whether the task ``index`` answers at ``address:port`` (proven by the run's key), in
+    one try."""
     return _try(address, port, index, key, timeout) == "ok"
 
 
@@ -279,16 +318,16 @@ def probe(
 ) -> dict[str, list[int]]:
     """Probe each of ``targets`` at its address on each of its interfaces.
 
-    Every link is tried at once (up to :data:`MAX_PARALLEL`); a link whose connection was
-    lost is tried again, up to ``tries`` times while ``budget`` lasts; one that does not
-    connect costs ``timeout`` once.
+    Every link is tried at once (up to :data:`MAX_PARALLEL`), each for ``timeout``, again
+    and again within it while it fails; a link dropped at once each time is tried for up to
+    ``tries`` such windows while ``budget`` lasts; a silent one costs ``timeout`` once.
 
     Args:
         targets: the tasks to probe (other hosts' probers), each answering for its index.
         key: the run's key.
-        timeout: seconds one try may take.
-        budget: seconds all tries may take (None: no bound beyond ``tries``).
-        tries: tries of a link that connects but is not answered.
+        timeout: seconds one link is tried for.
+        budget: seconds all windows may take (None: no bound beyond ``tries``).
+        tries: windows of a link that is dropped at once.
 
     Returns:
         Interface name -> indices of the targets that answered at their address on it.
@@ -302,23 +341,15 @@ def probe(
     ]
     reached: dict[str, list[int]] = {}
     end = None if budget is None else time.monotonic() + budget
+
+    def one(link: _Link) -> bool:
+        peer = link.peer
+        return _link(link.address, peer.probe_port, peer.first_index, key, timeout, end, tries)
+
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(links)))) as pool:
-        for attempt in range(tries):
-            late = end is not None and time.monotonic() + timeout > end
-            if not links or (attempt and late):
-                break
-            outcomes = list(
-                pool.map(
-                    lambda link: _try(
-                        link.address, link.peer.probe_port, link.peer.first_index, key, timeout
-                    ),
-                    links,
-                )
-            )
-            for link, outcome in zip(links, outcomes, strict=True):
-                if outcome == "ok":
-                    reached.setdefault(link.name, []).append(link.peer.index)
-            links = [link for link, out in zip(links, outcomes, strict=True) if out == "lost"]
+        for link, ok in zip(links, pool.map(one, links), strict=True):
+            if ok:
+                reached.setdefault(link.name, []).append(link.peer.index)
     return {name: sorted(found) for name, found in reached.items()}
 
 
