@@ -47,8 +47,8 @@ PROBE_TIMEOUT = 2.0
 # handshake lost to a listener whose queue strangers filled, say) is made again at once,
 # rather than waiting on the kernel's slower retransmits.
 TRY_SHARE = 0.25
-# A link dropped at once (refused, or closed by a crowded listener) is tried for up to this
-# many such windows, while the start budget lasts; a silent one gets one window.
+# A link whose connections are dropped (by a crowded listener) is tried for up to this many
+# such windows, while the start budget lasts; a silent one gets one window.
 PROBE_TRIES = 3
 # Seconds a connection to the listener has, from its accept, to send its challenge; a real
 # probe sends it at once.
@@ -59,7 +59,7 @@ MAX_PENDING = 256
 BACKLOG = 1024
 # Probes in flight at once for one prober.
 MAX_PARALLEL = 128
-# Pause before trying again a link that was dropped at once.
+# Pause before trying again a link whose connection was dropped.
 _RETRY_PAUSE = 0.05
 _CHALLENGE = 16
 _ANSWER = 4 + hashlib.sha256().digest_size
@@ -246,10 +246,11 @@ class ProbeListener:
 
 
 def _try(address: str, port: int, index: int, key: bytes, timeout: float) -> str:
-    """One probe: ``"ok"``; ``"other"`` when another task answered (a shared address);
-    ``"silent"`` when it took the whole ``timeout``; ``"lost"`` when it failed at once
-    (refused, reset, closed before the answer: nothing listens yet, or a crowded listener
-    dropped it)."""
+    """One probe: ``"ok"``; ``"other"`` when another task answered, or nothing listens
+    there (refused: the task listens from before its hello, so the address leads elsewhere,
+    as a shared one does; a full queue drops a connection, it does not refuse it);
+    ``"silent"`` when it took the whole ``timeout``; ``"lost"`` when the connection was
+    made and then dropped (a crowded listener)."""
     challenge = os.urandom(_CHALLENGE)
     try:
         with socket.create_connection((address, port), timeout=timeout) as sock:
@@ -258,6 +259,8 @@ def _try(address: str, port: int, index: int, key: bytes, timeout: float) -> str
             answer = _read(sock, _ANSWER)
     except TimeoutError:
         return "silent"
+    except ConnectionRefusedError:
+        return "other"
     except OSError as exc:
         # No route, or the network is down: as dead as a silent link.
         return "silent" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "lost"
