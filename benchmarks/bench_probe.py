@@ -6,9 +6,11 @@ This measures, without Spark:
 
 * ``one host``: those per-task steps, against Horovod's ``get_local_intfs()`` (what
   ``horovodrun`` calls for its interface list) measured in the same run;
-* ``probe``: one task probing 3 others at 2 interfaces each over loopback (every link
-  answers: the cost of a working cluster), against the one-host steps. Every probe must
+* ``probe``: one host's prober probing 3 others at 2 interfaces each over loopback (every
+  link answers: the cost of a working cluster), against the one-host steps. Every probe must
   reach all 3 tasks at both interfaces, or the benchmark stops with exit status 1.
+
+Strangers at the probe port and the probes at width: ``benchmarks/bench_interface_choice.py``.
 
     python benchmarks/bench_probe.py [--repeats 200]
 """
@@ -62,7 +64,6 @@ def main() -> None:
 
     listeners = [ProbeListener(key, i) for i in (1, 2, 3)]
     try:
-        me = TaskInfo(index=0, host="h0", port=1)
         peers = [
             TaskInfo(
                 index=lst_index,
@@ -76,7 +77,7 @@ def main() -> None:
         expected = {"eth0": [1, 2, 3], "ib0": [1, 2, 3]}
 
         def probe_all() -> None:
-            reached = {name: sorted(found) for name, found in probe(me, [me, *peers], key).items()}
+            reached = {name: sorted(found) for name, found in probe(peers, key).items()}
             require(reached == expected, f"the probe reached {reached}, not {expected}")
 
         probed = median_ms(probe_all, args.repeats // 4 or 1)

@@ -13,7 +13,8 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
   conf-file parser, reading a rank's stack dump, the user's private folder on a host);
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every
   message kind;
-- ``config``, ``cluster``, ``payload``: a run's settings, its layout, its pickles;
+- ``config``, ``cluster``, ``rendezvous``, ``payload``: a run's settings, its layout (and
+  the part of it each task is sent), its pickles;
 - ``backends/``: how ranks find each other (torch.distributed, Horovod);
 - ``worker/``: inside a rank's process (never imports pyspark);
 - ``checkpoint/``, ``data/``, ``plot``: libraries for the training function and the notebook;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -61,13 +62,17 @@ class TaskInfo:
         """The index of the first slot of the same Spark task (which speaks for the task)."""
         return self.index - self.slot
 
-    def to_json(self) -> str:
-        """Serialize for the hello a task sends the driver (and the driver's "go")."""
+    def as_dict(self) -> dict[str, Any]:
+        """This info as a JSON object (what :meth:`to_json` writes)."""
         data = dataclasses.asdict(self)
         data["gpus"] = list(self.gpus)
         data["gpu_uuids"] = list(self.gpu_uuids)
         data["interfaces"] = [[name, list(addrs)] for name, addrs in self.interfaces]
-        return json.dumps(data, sort_keys=True)
+        return data
+
+    def to_json(self) -> str:
+        """Serialize for the hello a task sends the driver (and the driver's "go")."""
+        return json.dumps(self.as_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any]) -> TaskInfo:
@@ -102,6 +107,9 @@ class RankSpec:
         local_world_size: number of ranks on that host.
         node_rank: index of the host, in order of first appearance.
         task: the task that runs this rank.
+        cross_rank: the position of its host among the hosts that have a rank with the same
+            local rank (in node order): Horovod's cross rank.
+        cross_size: the number of those hosts: Horovod's cross size.
     """
 
     rank: int
@@ -109,31 +117,43 @@ class RankSpec:
     local_world_size: int
     node_rank: int
     task: TaskInfo
+    cross_rank: int = 0
+    cross_size: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
-    """The whole job's layout, computed identically on every task.
+    """The job's layout: the whole of it on the driver, a task's view of it on a task.
+
+    A task is told the ranks of its own host (and of every host it speaks for), never every
+    rank of the job (see :mod:`sparktrain.rendezvous`): what a rank needs of the others is
+    counted here (``world_size``, ``num_nodes``) or is rank 0's (``first``).
 
     Attributes:
-        ranks: one entry per rank, ordered by global rank.
+        ranks: the ranks known here, ordered by global rank: every rank (see
+            :attr:`complete`), or those on the hosts of a task's view.
         master_addr: address of rank 0's host.
         master_port: the port rank 0 offered.
+        world_size: number of ranks in the job.
+        num_nodes: number of distinct hosts in the job.
+        first: rank 0, wherever it runs.
+        host_sizes: every host of the job with its number of ranks, in node order, where it
+            is known (the whole layout, and rank 0's task's view: Horovod's rendezvous
+            server is sized by it); empty in other views.
     """
 
     ranks: tuple[RankSpec, ...]
     master_addr: str
     master_port: int
+    world_size: int
+    num_nodes: int
+    first: RankSpec
+    host_sizes: tuple[tuple[str, int], ...] = ()
 
     @property
-    def world_size(self) -> int:
-        """Number of ranks."""
-        return len(self.ranks)
-
-    @property
-    def num_nodes(self) -> int:
-        """Number of distinct hosts."""
-        return len({r.task.host for r in self.ranks})
+    def complete(self) -> bool:
+        """Whether :attr:`ranks` holds every rank of the job."""
+        return len(self.ranks) == self.world_size
 
     def for_task(self, index: int) -> RankSpec:
         """The rank run by the task with this partition index."""
@@ -147,7 +167,7 @@ class ClusterSpec:
         return sorted((r for r in self.ranks if r.task.host == host), key=lambda r: r.local_rank)
 
     def hosts(self) -> list[tuple[str, int]]:
-        """Each host with its number of ranks, in node-rank order."""
+        """Each host of :attr:`ranks` with its number of ranks, in node-rank order."""
         seen: dict[str, int] = {}
         for r in self.ranks:
             seen[r.task.host] = seen.get(r.task.host, 0) + 1
@@ -176,9 +196,16 @@ def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
     by_host: dict[str, list[TaskInfo]] = {}
     for info in ordered:
         by_host.setdefault(info.host, []).append(info)
+    sizes = [len(tasks) for tasks in by_host.values()]
+    # Horovod's cross ranks: for each local rank, the hosts that have one, in node order.
+    with_local: dict[int, list[int]] = {}
+    for node_rank, size in enumerate(sizes):
+        for local_rank in range(size):
+            with_local.setdefault(local_rank, []).append(node_rank)
     ranks: list[RankSpec] = []
     for node_rank, tasks in enumerate(by_host.values()):
         for local_rank, info in enumerate(tasks):
+            nodes = with_local[local_rank]
             ranks.append(
                 RankSpec(
                     rank=len(ranks),
@@ -186,10 +213,21 @@ def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
                     local_world_size=len(tasks),
                     node_rank=node_rank,
                     task=info,
+                    # Hosts come in node order, so a host's position is found by bisection.
+                    cross_rank=bisect.bisect_left(nodes, node_rank),
+                    cross_size=len(nodes),
                 )
             )
     master = ranks[0].task
-    return ClusterSpec(ranks=tuple(ranks), master_addr=master.host, master_port=master.port)
+    return ClusterSpec(
+        ranks=tuple(ranks),
+        master_addr=master.host,
+        master_port=master.port,
+        world_size=len(ranks),
+        num_nodes=len(sizes),
+        first=ranks[0],
+        host_sizes=tuple(zip(by_host, sizes, strict=True)),
+    )
 
 
 def shared_gpu_ids(tasks: Sequence[TaskInfo]) -> bool:

@@ -88,46 +88,61 @@ class HorovodSlot:
 
 
 def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
-    """Map a ClusterSpec to Horovod's per-rank fields, one per rank in global-rank order.
+    """Every rank's Horovod fields, in global-rank order, from the job's hosts.
 
     This is what Horovod's ``get_host_assignments`` computes for the host list
     ``host0:n0,host1:n1,...`` in node-rank order: ranks contiguous per host, ``cross_rank`` the
     position of the host among the hosts that have a rank with the same local rank (hosts in
-    node-rank order) and ``cross_size`` the number of those hosts. Local rank and size are
-    taken from the spec, so ``HOROVOD_LOCAL_RANK`` always equals ``LOCAL_RANK``.
+    node-rank order) and ``cross_size`` the number of those hosts. It needs the host list
+    (:attr:`~sparktrain.cluster.ClusterSpec.host_sizes`, which rank 0's task holds, where
+    Horovod's rendezvous server is sized); one rank's fields are :func:`horovod_slot`'s.
 
     Raises:
-        SparkTrainError: when the spec's ranks are not 0..n-1 in order, or a host's local
-            ranks are not 0..k-1 (a bug in the mapping, not a user error).
+        SparkTrainError: when ``spec`` does not hold the job's host list (a bug).
     """
-    ranks = spec.ranks
-    if [r.rank for r in ranks] != list(range(len(ranks))):
-        raise SparkTrainError(f"ClusterSpec ranks out of order: {[r.rank for r in ranks]}")
-    hosts_by_node = sorted({(r.node_rank, r.task.host) for r in ranks})
-    local_sizes: dict[str, int] = {}
-    for host in {r.task.host for r in ranks}:
-        on_host = spec.on_host(host)
-        if [r.local_rank for r in on_host] != list(range(len(on_host))):
-            raise SparkTrainError(
-                f"local ranks on {host} are {[r.local_rank for r in on_host]}, not 0..n-1"
+    if sum(size for _, size in spec.host_sizes) != spec.world_size:
+        raise SparkTrainError(f"ClusterSpec hosts {spec.host_sizes} do not make the job")
+    with_local: dict[int, list[str]] = {}
+    for host, size in spec.host_sizes:
+        for local_rank in range(size):
+            with_local.setdefault(local_rank, []).append(host)
+    with_local_before: dict[int, list[str]] = {local_rank: [] for local_rank in with_local}
+    slots: list[HorovodSlot] = []
+    for host, size in spec.host_sizes:
+        for local_rank in range(size):
+            peers = with_local[local_rank]
+            slots.append(
+                HorovodSlot(
+                    hostname=host,
+                    rank=len(slots),
+                    size=spec.world_size,
+                    local_rank=local_rank,
+                    local_size=size,
+                    # Hosts are appended in node order: this host is the last one so far.
+                    cross_rank=len(with_local_before[local_rank]),
+                    cross_size=len(peers),
+                )
             )
-        local_sizes[host] = len(on_host)
-    slots = []
-    for r in ranks:
-        # Hosts that have a rank with this local rank, in node order.
-        peers = [host for _, host in hosts_by_node if local_sizes[host] > r.local_rank]
-        slots.append(
-            HorovodSlot(
-                hostname=r.task.host,
-                rank=r.rank,
-                size=len(ranks),
-                local_rank=r.local_rank,
-                local_size=local_sizes[r.task.host],
-                cross_rank=peers.index(r.task.host),
-                cross_size=len(peers),
-            )
-        )
+            with_local_before[local_rank].append(host)
     return tuple(slots)
+
+
+def horovod_slot(spec: ClusterSpec, rank: RankSpec) -> HorovodSlot:
+    """One rank's Horovod fields (see :func:`horovod_slots`), from its own place alone.
+
+    Local rank and size are the spec's, so ``HOROVOD_LOCAL_RANK`` always equals
+    ``LOCAL_RANK``; cross rank and size were computed with the layout
+    (:func:`~sparktrain.cluster.build_cluster_spec`).
+    """
+    return HorovodSlot(
+        hostname=rank.task.host,
+        rank=rank.rank,
+        size=spec.world_size,
+        local_rank=rank.local_rank,
+        local_size=rank.local_world_size,
+        cross_rank=rank.cross_rank,
+        cross_size=rank.cross_size,
+    )
 
 
 def _horovod_spec() -> Any:
@@ -192,8 +207,8 @@ def gloo_name_problem(spec: ClusterSpec) -> str | None:
     if spec.num_nodes < 2:
         return None  # one host: loopback reaches every rank
     bad = []
-    for host, _ in spec.hosts():
-        task = spec.on_host(host)[0].task
+    for first in (r for r in spec.ranks if r.local_rank == 0):
+        host, task = first.task.host, first.task
         if task.name_address is None:
             continue  # not reported
         if not task.name_address:
@@ -322,7 +337,7 @@ class HorovodBackend(Backend):
             env.update(interface_env(rank))
             return env
         if contract.HOROVOD_SHIM_ENV in shared:
-            env = horovod_slots(spec)[rank.rank].env()
+            env = horovod_slot(spec, rank).env()
             env.update(
                 {
                     contract.HOROVOD_SHIM_ENV: shared[contract.HOROVOD_SHIM_ENV],
@@ -334,7 +349,7 @@ class HorovodBackend(Backend):
             return env
         if ADDR_KEY not in shared or PORT_KEY not in shared:
             raise SparkTrainError(f"the Horovod rendezvous address is missing from {dict(shared)}")
-        env = horovod_slots(spec)[rank.rank].env()
+        env = horovod_slot(spec, rank).env()
         env.update(
             {
                 ADDR_KEY: shared[ADDR_KEY],

@@ -6,55 +6,70 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparktrain.backends import get_backend
-from sparktrain.cluster import TaskInfo, build_cluster_spec, gpu_double_booking
+from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec, gpu_double_booking
 from sparktrain.config import RunConfig
 from sparktrain.interfaces import Reached, choose_interface, missing_nics
+from sparktrain.rendezvous import Layout, plan, probe_plan, whole_for_rank0
 
 
-def layout_problem(infos: Sequence[Mapping[str, Any]], config: RunConfig) -> str | None:
+def layout_problem(
+    infos: Sequence[Mapping[str, Any] | TaskInfo],
+    config: RunConfig,
+    spec: ClusterSpec | None = None,
+) -> str | None:
     """Why the tasks' layout cannot run, or None.
 
     Args:
-        infos: every task's hello (a TaskInfo as JSON).
+        infos: every task's hello (a TaskInfo as JSON), or the TaskInfos.
         config: the run's settings.
+        spec: their layout, when it was computed already.
 
     Returns:
         The message of the ConfigurationError to raise: one GPU given to two tasks, a ``nics``
         interface missing on a host, or what the backend cannot do on these hosts.
     """
-    tasks = [TaskInfo.from_json(dict(info)) for info in infos]
+    tasks = [i if isinstance(i, TaskInfo) else TaskInfo.from_json(dict(i)) for i in infos]
     problem = gpu_double_booking(tasks)
     if problem is None and config.nics:
         problem = missing_nics(tasks, config.nics)
     if problem is None:
-        problem = get_backend(config.backend).layout_problem(build_cluster_spec(tasks), config)
+        spec = spec or build_cluster_spec(tasks)
+        problem = get_backend(config.backend).layout_problem(spec, config)
     return problem
 
 
+def plan_for(tasks: Sequence[TaskInfo], config: RunConfig) -> Layout:
+    """The run's layout: rank 0's task gets every rank when it launches every host's ranks
+    (``launcher="mpi"``: mpirun starts them all from there)."""
+    return plan(tasks, whole_for_rank0(config.launcher))
+
+
 class InterfaceVote:
-    """What every task's interface probes reached, until all have said (see
-    :mod:`sparktrain.task.probe`).
+    """What each host's prober reached, until all have said (see :mod:`sparktrain.task.probe`).
 
     Args:
-        n: number of tasks.
+        layout: the job's layout (its probers and what each probes).
         nics: the run's ``nics`` setting.
     """
 
-    def __init__(self, n: int, nics: Sequence[str] | None) -> None:
-        self.n = n
+    def __init__(self, layout: Layout, nics: Sequence[str] | None) -> None:
+        self.layout = layout
         self.nics = nics
         self.reached: dict[int, Reached] = {}
+        self._waiting = set(layout.probers) if layout.probing else set()
 
-    def add(
-        self, index: int, reached: Reached, infos: Mapping[int, Mapping[str, Any]]
-    ) -> tuple[str | None, str | None] | None:
-        """Count task ``index``'s probes.
+    def add(self, index: int, reached: Reached) -> tuple[str | None, str | None] | None:
+        """Count prober ``index``'s probes (another task's word is not asked for: ignored).
 
         Returns:
-            None until every task has probed; then :func:`choose_interface`'s answer.
+            None until every host's prober has said; then :func:`choose_interface`'s answer.
         """
-        self.reached[index] = reached
-        if len(self.reached) < self.n:
+        if index not in self._waiting:
             return None
-        tasks = [TaskInfo.from_json(dict(infos[i])) for i in range(self.n)]
-        return choose_interface(tasks, self.reached, self.nics)
+        self._waiting.discard(index)
+        self.reached[index] = reached
+        if self._waiting:
+            return None
+        hosts = self.layout.prober_tasks()
+        targets = probe_plan(len(hosts))
+        return choose_interface(hosts, self.reached, self.nics, targets)

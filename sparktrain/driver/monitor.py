@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
-from sparktrain.driver.layout import InterfaceVote, layout_problem
+from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
@@ -31,6 +32,7 @@ from sparktrain.errors import (
     describe_stopped,
 )
 from sparktrain.log import get_logger
+from sparktrain.rendezvous import go_messages
 from sparktrain.task.process import STACK_WAIT
 from sparktrain.wire import protocol
 
@@ -105,8 +107,8 @@ class RunMonitor:
         self.go_sent = False
         # What each task said of itself at rendezvous (a TaskInfo as JSON), by index.
         self.infos: dict[int, dict[str, Any]] = {}
-        # What the tasks' interface probes reached, when the ranks span hosts.
-        self.vote = InterfaceVote(self.n, config.nics)
+        # What each host's interface probes reached, when the ranks span hosts (from "go").
+        self.vote: InterfaceVote | None = None
         # When each milestone was reached (time.monotonic()); see phases().
         self.times: dict[str, float] = {}
         self.results = ResultReceiver(config.max_result_bytes)
@@ -332,18 +334,10 @@ class RunMonitor:
                 # It arrived after the stop went out: it must not start its ranks either.
                 self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
             elif len(self.arrived) == self.n and not self.go_sent:
-                # By index, not arrival: a message names the tasks in a stable order.
-                problem = layout_problem([self.infos[i] for i in range(self.n)], self.config)
-                if problem is not None:
-                    return ConfigurationError(problem)
-                # From here on a task may start ranks; before it, none can have.
-                self.go_sent = True
-                self.times["go"] = time.monotonic()
-                self.stall.start(self.times["go"])
-                tasks = [self.infos[i] for i in range(self.n)]
-                self.server.broadcast(protocol.GO(tasks=tasks), self._connections())
+                return self._go()
         elif kind is protocol.PROBED:
-            chosen = self.vote.add(message["index"], message["reached"], self.infos)
+            vote = self.vote
+            chosen = None if vote is None else vote.add(message["index"], message["reached"])
             if chosen is not None and chosen[0] is None:
                 return ConfigurationError(str(chosen[1]))
             if chosen is not None:
@@ -363,6 +357,28 @@ class RunMonitor:
         elif kind is protocol.RESULT_END:
             error = self.results.end(message)
             self.server.send(conn_id, protocol.RESULT_SAVED(ok=error is None, error=error or ""))
+        return None
+
+    def _go(self) -> SparkTrainError | None:
+        """Every task has arrived: map them to ranks once, and send each connection its tasks'
+        part of the layout (see :mod:`sparktrain.rendezvous`); or refuse the layout."""
+        # By index, not arrival: a message names the tasks in a stable order.
+        tasks = [TaskInfo.from_json(self.infos[i]) for i in range(self.n)]
+        layout = plan_for(tasks, self.config)
+        problem = layout_problem(tasks, self.config, layout.spec)
+        if problem is not None:
+            return ConfigurationError(problem)
+        # From here on a task may start ranks; before it, none can have.
+        self.go_sent = True
+        self.times["go"] = time.monotonic()
+        self.stall.start(self.times["go"])
+        self.vote = InterfaceVote(layout, self.config.nics)
+        slots: dict[int, list[int]] = {}
+        for index, conn in sorted(self.task_conns.items()):
+            slots.setdefault(conn, []).append(index)
+        for conn, indices in slots.items():
+            for message in go_messages(layout, indices):
+                self.server.send(conn, message)
         return None
 
     def _closed(self, conn_id: int) -> SparkTrainError | None:

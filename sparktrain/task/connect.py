@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from sparktrain.cluster import TaskInfo
 from sparktrain.errors import WorkerFailure
 from sparktrain.log import get_logger
+from sparktrain.rendezvous import go_for
 from sparktrain.task.job import TaskJob
 from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
@@ -88,11 +90,16 @@ class DetachedSession(TaskSession):
     def listen(self) -> None:
         """Nothing to listen to: a cancelled job kills this task, and its ranks with it."""
 
-    def wait_for_go(self) -> list[dict[str, Any]] | None:
-        """Every task's info, by index, through Spark's ``allGather``."""
+    def wait_for_go(self) -> dict[str, Any] | None:
+        """This task's ``go``, computed here from every task's info (Spark's ``allGather``).
+
+        Nothing is probed: there is no driver to choose the interface, so the executors'
+        own one (or the first of ``nics`` a host has) stays.
+        """
         gathered = self.context.allGather(json.dumps(self._infos))
-        infos = [info for text in gathered for info in json.loads(text)]
-        return sorted(infos, key=lambda info: info["index"])
+        tasks = [TaskInfo.from_json(info) for text in gathered for info in json.loads(text)]
+        slots = [int(info["index"]) for info in self._infos]
+        return go_for(tasks, slots, probing=False, launcher=self.config.launcher)
 
     def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
         """Rank 0's task's values, handed to every task through ``allGather``."""

@@ -22,9 +22,10 @@ import cloudpickle
 from sparktrain import wire
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import Backend
-from sparktrain.cluster import TaskInfo, build_cluster_spec
+from sparktrain.cluster import TaskInfo
 from sparktrain.errors import ConfigurationError
 from sparktrain.log import get_logger
+from sparktrain.rendezvous import view_of
 from sparktrain.task.gpus import gpu_uuids
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
@@ -108,14 +109,12 @@ def _launch(
     Returns:
         Their records; none when the run was stopped before they could start.
     """
-    infos = session.wait_for_go()
-    if infos is None:
+    go = session.wait_for_go()
+    if go is None:
         return []
-    spec = build_cluster_spec([TaskInfo.from_json(info) for info in infos])
+    view = view_of(go)
     try:
-        settled = settle_interface(
-            session, spec, spec.for_task(tasks[0]).task, session.config.nics, tasks
-        )
+        settled = settle_interface(session, view, view.spec.for_task(tasks[0]).task)
     finally:
         if probes is not None:
             probes.close()
@@ -151,16 +150,18 @@ def run_spark_task(
     bind = listen_address(host, "")
     k = job.ranks_per_task
     slots = range(index * k, index * k + k)
+    interfaces = interface_addresses()
+    # Probes come to this host's interfaces' addresses alone: listen there, not everywhere.
+    addresses = [address for _, addrs in interfaces for address in addrs]
     with (
         _session(job, bind, slots, session) as (session, launcher),
-        ProbeListener(job.key, slots[0]) as probes,
+        ProbeListener(job.key, slots[0], addresses) as probes,
     ):
         session.spark_files = spark_files_root()
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
         uuids = gpu_uuids(gpus)
         ifname = interface_of(host)
-        interfaces = interface_addresses()
         resolved = name_address()
         for slot, (own, own_uuids) in enumerate(zip(share(gpus, k), share(uuids, k), strict=True)):
             info = TaskInfo(

@@ -143,7 +143,7 @@ class ProcessLauncher(RankLauncher):
         self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
     ) -> list[dict[str, Any]]:
         mine = [r for r in spec.ranks if r.task.index in tasks]
-        holds_rank0 = spec.ranks[0] in mine
+        holds_rank0 = spec.first in mine
         try:
             shared: dict[str, str] | None = {}
             if backend.needs_prepare:

@@ -187,7 +187,7 @@ def mpi_records(
         records.append(rec)
     if code != 0 and not stopped and not any(r["status"] == "failed" for r in records):
         # mpirun itself failed (a daemon did not start, a bad host...): say so on rank 0.
-        first = spec.ranks[0]
+        first = spec.first
         failure = WorkerFailure(
             rank=first.rank,
             host=first.task.host,

@@ -21,6 +21,7 @@ from typing import Any
 
 from sparktrain import contract, private, wire
 from sparktrain.cluster import RankSpec
+from sparktrain.rendezvous import GoAssembler
 from sparktrain.task import workdirs
 from sparktrain.task.job import TaskJob
 from sparktrain.wire import protocol
@@ -58,7 +59,7 @@ class TaskSession:
         # hands out what rank 0's task prepared (see exchange); also set on abort.
         self._go = threading.Event()
         self._shared = threading.Event()
-        self._tasks: list[dict[str, Any]] = []
+        self._go_message: dict[str, Any] | None = None
         # When the driver's "go" arrived (wall clock); the local supervisor has none to wait for.
         self.go_time: float | None = None
         # Set when the driver names the interface the ranks talk over (see wait_for_interface).
@@ -106,6 +107,7 @@ class TaskSession:
         if self.client is None:
             return
         client = self.client
+        assembler = GoAssembler()
 
         def read() -> None:
             reason = "the driver closed the connection"
@@ -113,8 +115,8 @@ class TaskSession:
                 while True:
                     message = client.receive()
                     kind = protocol.parse(message, protocol.TO_TASK)
-                    if kind is protocol.GO:
-                        self._tasks = list(message["tasks"])
+                    if kind in (protocol.LAYOUT, protocol.GO) and assembler.add(message):
+                        self._go_message = assembler.go
                         self.go_time = time.time()
                         self._go.set()
                     elif kind is protocol.SHARED:
@@ -143,22 +145,24 @@ class TaskSession:
 
         threading.Thread(target=read, name="sparktrain-abort-listener", daemon=True).start()
 
-    def wait_for_go(self) -> list[dict[str, Any]] | None:
-        """Block until the driver lets the ranks start: every task's info, by index.
+    def wait_for_go(self) -> dict[str, Any] | None:
+        """Block until the driver lets the ranks start: this task's part of the layout.
 
-        The driver says "go" once every task has arrived, with what each said of itself, so
-        the tasks need no barrier of Spark's to learn the layout, and until then the driver
-        knows no rank can have started and may end the job at once.
+        The driver says "go" once every task has arrived, with what this task needs of the
+        layout (see :mod:`sparktrain.rendezvous`; :func:`~sparktrain.rendezvous.view_of`
+        reads it), so the tasks need no barrier of Spark's to learn it, and until then the
+        driver knows no rank can have started and may end the job at once.
 
         Returns:
-            The TaskInfos (as JSON), or None when the run was stopped instead.
+            The ``go`` message (with the ``layout`` messages before it joined in), or None
+            when the run was stopped instead.
         """
         if self.client is None:
             return None  # the driver never heard of this task: it counts it as missing
         self._go.wait(self.config.start_timeout + self.config.grace_period)
         if not self._go.is_set() or self.aborted.is_set():
             return None
-        return self._tasks
+        return self._go_message
 
     def wait_for_interface(self) -> str | None:
         """Block until the driver names the network interface every rank talks over (after

@@ -86,12 +86,27 @@ ACTIVE = _kind("active", rank=int)
 # executor's heap must hold whole, and several times over).
 RESULT_CHUNK = _kind("result_chunk", index=int, offset=int, blob=(bytes, memoryview))
 RESULT_END = _kind("result_end", index=int, size=int, sha256=str)
-# What a task's interface probes reached (interface name -> task indices), when the ranks
-# span hosts; the driver answers every task with CHOSEN once all have probed.
+# What a host's prober reached (interface name -> indices of the probed tasks that answered),
+# when the ranks span hosts; the driver answers every task with CHOSEN once every host's
+# prober has said (see sparktrain.rendezvous).
 PROBED = _kind("probed", index=int, reached=dict)
 # -- the driver → tasks ----------------------------------------------------------------------
 ABORT = _kind("abort", reason=str)  # stop every rank now
-GO = _kind("go", tasks=list)  # every task has arrived (their infos, by index): start
+# Every task has arrived: start. What this connection's tasks need of the layout (fields:
+# sparktrain.rendezvous); LAYOUT messages before it carry the rank entries that do not fit it.
+GO = _kind(
+    "go",
+    world_size=int,
+    num_nodes=int,
+    master_addr=str,
+    master_port=int,
+    first=dict,
+    ranks=list,
+    hosts=list,
+    probing=bool,
+    probe=list,
+)
+LAYOUT = _kind("layout", ranks=list)
 SHOW_STACKS = _kind("show_stacks", reason=str)  # send every running rank's STACK
 CHOSEN = _kind("chosen", ifname=str)  # the network interface every rank talks over
 # The driver's answer to RESULT_END: it holds the result (ok), or why not.
@@ -125,7 +140,7 @@ TO_DRIVER: frozenset[Kind] = frozenset(
         PROBED,
     }
 )
-TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, SHOW_STACKS, SHARED, RESULT_SAVED, CHOSEN})
+TO_TASK: frozenset[Kind] = frozenset({ABORT, GO, LAYOUT, SHOW_STACKS, SHARED, RESULT_SAVED, CHOSEN})
 TO_PEER: frozenset[Kind] = frozenset({RSH, MEMBER, DAEMON_STARTED, HOST_DONE})
 TO_AGENT: frozenset[Kind] = frozenset({RSH_OUTPUT, RSH_EXIT})
 TO_MEMBER: frozenset[Kind] = frozenset({RELEASE})
@@ -157,6 +172,7 @@ __all__ = [
     "GO",
     "HELLO",
     "HOST_DONE",
+    "LAYOUT",
     "LOG",
     "MEMBER",
     "PROBED",

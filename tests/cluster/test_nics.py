@@ -4,14 +4,16 @@ does not reach is an error at rendezvous, not a hang."""
 
 from __future__ import annotations
 
+import functools
 import time
+import uuid
 
 import pytest
 
 from sparktrain import SparkRunner
 from sparktrain.errors import ConfigurationError
-from tests.cluster.hosts import DECOY_ADDR, DECOY_IF, HOST_IF
-from tests.fixtures import cluster_trainers
+from tests.cluster.hosts import DECOY_ADDR, DECOY_IF, HOST_DISK, HOST_IF
+from tests.fixtures import cluster_trainers, nic_trainers
 
 pytestmark = pytest.mark.cluster
 
@@ -57,3 +59,18 @@ def test_nics_that_no_host_has_is_named_before_any_rank_starts(cluster, cluster_
     message = str(raised.value)
     assert "nics=['ib0']: host 198.18.1." in message and "has no such interface" in message
     assert f"{DECOY_IF} ({DECOY_ADDR.split('/')[0]}), {HOST_IF} (198.18.1." in message
+
+
+def test_strangers_at_every_probe_port_do_not_change_the_interface_choice(cluster, cluster_spark):
+    # 50 connections that never send and 50 that send a byte every 0.2 s, opened again as
+    # soon as they are dropped, at every task's probe port from before its hello until its
+    # listener closes; the decoy is put first, so only the probes can tell it from eth0.
+    folder = str(HOST_DISK / f"strangers-{uuid.uuid4().hex[:8]}")
+    runner = SparkRunner(np=4, nics=[DECOY_IF, HOST_IF])
+    runner._pre_rendezvous_hook = functools.partial(nic_trainers.haunt_probe_port, folder=folder)
+    reports = runner.run(nic_trainers.ddp_with_strangers, folder)
+    assert reports["GLOO_SOCKET_IFNAME"] == HOST_IF
+    assert reports["sum"] == 4
+    # Both tasks of rank 0's host had their strangers, 100 at a time or more.
+    assert len(reports["strangers"]) == 2
+    assert all(count >= 100 for count in reports["strangers"])

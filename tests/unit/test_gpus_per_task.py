@@ -18,6 +18,7 @@ from sparktrain.driver.capacity import check_capacity
 from sparktrain.driver.preflight import ranks_per_task
 from sparktrain.driver.stage import failed_task
 from sparktrain.errors import CapacityError, ConfigurationError
+from sparktrain.rendezvous import view_of
 from sparktrain.task.connect import DetachedSession
 from sparktrain.task.entry import share
 from sparktrain.task.job import TaskJob
@@ -236,11 +237,14 @@ def test_a_detached_task_gathers_every_slot_of_every_task() -> None:
     session = DetachedSession(job, context)
     for info in _slots("h1", 0, ("0", "1"), 2):
         session.send({"type": "hello", "index": info.index, "info": json.loads(info.to_json())})
-    infos = session.wait_for_go()
-    assert infos is not None
-    assert [(i["index"], i["host"], i["gpus"]) for i in infos] == [
-        (0, "h1", ["0"]),
-        (1, "h1", ["1"]),
-        (2, "h2", ["0"]),
-        (3, "h2", ["1"]),
+    go = session.wait_for_go()
+    assert go is not None
+    view = view_of(go)
+    # Its own host's ranks, not every task's: the job's size is counted.
+    assert [(r.rank, r.task.index, r.task.host, r.task.gpus) for r in view.spec.ranks] == [
+        (0, 0, "h1", ("0",)),
+        (1, 1, "h1", ("1",)),
     ]
+    assert (view.spec.world_size, view.spec.num_nodes) == (4, 2)
+    assert view.spec.host_sizes == (("h1", 2), ("h2", 2))  # it holds rank 0
+    assert not view.probing  # no driver to choose: nothing is probed

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "mpi_args",
         "interfaces",
         "signature",
+        "rendezvous",
     ),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
     ("worker", "hvdcompat"),  # inside a rank

@@ -21,7 +21,7 @@ def test_every_kind_has_a_distinct_name() -> None:
         )
         for k in group
     }
-    assert len({k.name for k in kinds}) == len(kinds) == 25
+    assert len({k.name for k in kinds}) == len(kinds) == 26
     assert protocol.AUTH not in {k.name for k in kinds}  # consumed by the server
 
 
@@ -42,7 +42,21 @@ def test_built_messages_parse_as_their_kind() -> None:
         (protocol.SHOW_STACKS(reason="quiet"), protocol.TO_TASK),
         (protocol.SHARED(values={"HOROVOD_GLOO_RENDEZVOUS_PORT": "1"}), protocol.TO_DRIVER),
         (protocol.ABORT(reason="r"), protocol.TO_TASK),
-        (protocol.GO(tasks=[{"index": 0}]), protocol.TO_TASK),
+        (
+            protocol.GO(
+                world_size=1,
+                num_nodes=1,
+                master_addr="h",
+                master_port=1,
+                first={"rank": 0},
+                ranks=[{"rank": 0}],
+                hosts=[["h", 1]],
+                probing=False,
+                probe=[],
+            ),
+            protocol.TO_TASK,
+        ),
+        (protocol.LAYOUT(ranks=[{"rank": 0}]), protocol.TO_TASK),
         (protocol.SHARED(values={}), protocol.TO_TASK),
         (protocol.RSH(host="h", command="orted"), protocol.TO_PEER),
         (protocol.MEMBER(index=2), protocol.TO_PEER),

@@ -186,7 +186,7 @@ def parse_exits(lines: Iterable[str]) -> dict[int, int]:
 
 def hosts_needing_daemons(spec: ClusterSpec) -> list[str]:
     """Hosts other than rank 0's: mpirun starts a daemon on each through the agent."""
-    first = spec.ranks[0].task.host
+    first = spec.first.task.host
     return [host for host, _ in spec.hosts() if host != first]
 
 

@@ -110,7 +110,7 @@ class LauncherLink:
     @classmethod
     def join(cls, run: MpiRun, index: int) -> LauncherLink:
         """Connect to the launcher and say which task this is."""
-        task = run.spec.ranks[0].task
+        task = run.spec.first.task
         events = run.session.events
         try:
             client = wire.ChannelClient(

@@ -186,7 +186,7 @@ class MpiLaunch(RankLauncher):
         # per GPU), all of one task.
         by_index = {r.task.index: r.task for r in spec.ranks}
         local = len({by_index[t].first_index for t in tasks}) > 1
-        index = spec.ranks[0].task.index if local else by_index[tasks[0]].first_index
+        index = spec.first.task.index if local else by_index[tasks[0]].first_index
         return MpiTask(MpiRun(self.session, spec, backend, self.server, local), index).run()
 
 
@@ -203,7 +203,7 @@ class MpiTask:
         self.spec = run.spec
         self.events = run.session.events
         self.index = index
-        self.launcher = Mpirun(run, index) if index == self.spec.ranks[0].task.index else None
+        self.launcher = Mpirun(run, index) if index == self.spec.first.task.index else None
         self.hosts = HostDaemons(run, index, report=self._report)
         self.link: LauncherLink | None = None
         # Authenticated messages that were not of a kind this task accepts, or malformed.

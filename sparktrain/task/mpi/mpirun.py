@@ -67,7 +67,7 @@ class Mpirun:
 
     def start(self) -> None:
         """Start mpirun for every rank of the job."""
-        first = self.spec.ranks[0]
+        first = self.spec.first
         env = self.run.host_env(first.task.host)
         env[contract.RSH_PEERS_ENV] = json.dumps(self.peers())
         argv = command.mpirun_command(self.spec, extra=self.run.config.extra_mpi_args or ())
@@ -97,7 +97,7 @@ class Mpirun:
         """mpirun has ended with ``code``."""
         assert self.proc is not None
         self.proc.join()
-        self.run.reap(self.spec.ranks[0].task.host)
+        self.run.reap(self.spec.first.task.host)
         for rank, text in self.splitter.flush():
             self._rank_line(rank, text)
         self.code = code
@@ -131,7 +131,7 @@ class Mpirun:
         for report in self.reports.values():
             errors.update({int(r): e for r, e in report.get("errors", {}).items()})
             own.extend(report.get("tail", []))
-        first_host = self.spec.ranks[0].task.host
+        first_host = self.spec.first.task.host
         errors.update(read_errors(self.run.workdir, self.spec.on_host(first_host)))
         records = mpi_records(
             self.spec,
