@@ -502,10 +502,9 @@ def test_server_close_ends_connections_without_closed_events() -> None:
 def test_server_close_stops_accepting() -> None:
     srv = ChannelServer(wire.new_key())
     address = wire.parse_address(srv.address)
-    # As in a real run, the acceptor is blocked in accept() when the server is closed.
-    ident = srv._acceptor.ident
-    wait_until(lambda: sys._current_frames()[ident].f_code.co_name == "accept")
-    time.sleep(0.05)  # from socket.accept()'s Python frame into the accept(2) call
+    # As in a real run, the server's thread is blocked in select() when the server is closed.
+    ident = srv._thread.ident
+    wait_until(lambda: sys._current_frames()[ident].f_code.co_name == "select")
     srv.close()
     try:
         sock = socket.create_connection(address, timeout=1)
