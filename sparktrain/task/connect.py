@@ -19,8 +19,7 @@ import pickle
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from sparktrain.errors import WorkerFailure
 from sparktrain.task.job import TaskJob
@@ -53,34 +52,11 @@ class DetachedSession(TaskSession):
         self.context = context
         # What this task said of its slots (one per rank it runs).
         self._infos: list[dict[str, Any]] = []
-        self._logs: dict[int, TextIO] = {}
-        self._log_dir = _log_folder(job)
 
     def send(self, message: dict[str, Any]) -> None:
         """Keep this task's own hellos (the one message the layout needs); drop the rest."""
         if message.get("type") == protocol.HELLO.name:
             self._infos.append(message["info"])
-
-    def log(self, rank: int, line: str) -> None:
-        """Append the line to the rank's file under ``log_dir``, when one is set."""
-        if self._log_dir is None:
-            return
-        out = self._logs.get(rank)
-        if out is None:
-            self._log_dir.mkdir(parents=True, exist_ok=True)
-            out = self._logs[rank] = open(  # noqa: SIM115 - closed in close_logs
-                self._log_dir / f"rank-{rank}.log", "a", encoding="utf-8", buffering=1
-            )
-        try:
-            out.write(line.rstrip("\n") + "\n")
-        except (OSError, ValueError):
-            pass
-
-    def close_logs(self) -> None:
-        """Close the ranks' log files."""
-        for out in self._logs.values():
-            out.close()
-        self._logs.clear()
 
     def listen(self) -> None:
         """Nothing to listen to: a cancelled job kills this task, and its ranks with it."""
@@ -96,13 +72,6 @@ class DetachedSession(TaskSession):
         gathered = self.context.allGather(json.dumps(values))
         found = [json.loads(text) for text in gathered]
         return next((v for v in found if v is not None), None)
-
-
-def _log_folder(job: TaskJob) -> Path | None:
-    root = job.run_config.log_dir
-    if root is None:
-        return None
-    return Path(root) / job.run_id / f"attempt-{job.attempt}"
 
 
 def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
