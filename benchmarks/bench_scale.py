@@ -33,18 +33,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sparktrain import SparkRunner  # noqa: E402
-from sparktrain.driver import attempts as attempts_mod  # noqa: E402
 from sparktrain.errors import SparkTrainError, WorkerFailedError  # noqa: E402
-from tests.fixtures.simtasks import SimLaunch  # noqa: E402
+from tests.fixtures.simtasks import simulated  # noqa: E402
 
 MB = 1 << 20
 
@@ -110,19 +107,6 @@ class Sampler:
 
 def _noop() -> int:
     return 42
-
-
-@contextlib.contextmanager
-def simulated(n: int, helpers: int, **scenario: Any) -> Iterator[list[SimLaunch]]:
-    """SparkRunner launches go to a SimLaunch of ``n`` tasks while this is open."""
-    launches: list[SimLaunch] = []
-
-    def launch(session: Any, job: Any, description: str, connect: Any) -> SimLaunch:
-        launches.append(SimLaunch(job, n, helpers, **scenario))
-        return launches[-1]
-
-    with mock.patch.object(attempts_mod, "_launch", launch):
-        yield launches
 
 
 def run_case(n: int, helpers: int, timeout: float, **scenario: Any) -> dict[str, Any]:

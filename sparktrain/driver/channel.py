@@ -36,6 +36,13 @@ def max_connections(world_size: int) -> int:
     return 2 * max(1, world_size) + CONNECTION_SLACK
 
 
+def max_pending(world_size: int) -> int:
+    """How many connections may wait to authenticate at once: every task of a large run
+    connects at about the same time, so this grows with the run (up to 1,024); beyond it the
+    oldest is dropped to make room, so a flood cannot lock the tasks out."""
+    return min(1024, max(64, world_size))
+
+
 class _Inbox(queue.Queue[Event]):
     """The events queue; taking one when it is short again resumes paused connections."""
 
@@ -90,6 +97,9 @@ class ChannelServer(FrameServer):
             bind=bind,
             advertise=advertise,
             max_connections=max_connections(world_size),
+            max_pending=max_pending(world_size),
+            # One per task at least (at most one per rank); the ranks' own may be refused.
+            required_connections=max(1, world_size) + CONNECTION_SLACK,
             name="sparktrain-channel",
             room=inbox.room,
         )

@@ -74,28 +74,45 @@ OnMessage = Callable[[int, dict[str, Any]], None]
 OnClosed = Callable[[int], None]
 
 
-def ensure_fd_limit(needed: int) -> int:
+def ensure_fd_limit(needed: int, required: int | None = None) -> int:
     """Make sure this process may hold ``needed`` more descriptors than it has reserved.
 
     Raises the soft ``RLIMIT_NOFILE`` toward the hard limit when it is too low.
+
+    Args:
+        needed: connections the server may hold at most.
+        required: connections it cannot do without (default: ``needed``); between the two,
+            a hard limit too low for ``needed`` is only warned about.
 
     Returns:
         The soft limit now in force.
 
     Raises:
-        ConfigurationError: the hard limit is too low (it names both numbers and the fix).
+        ConfigurationError: the hard limit is too low for ``required`` (it names both limits
+            and the fix).
     """
     want = needed + FD_RESERVE
+    least = (needed if required is None else required) + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= want:
         return int(soft)
-    if hard != resource.RLIM_INFINITY and hard < want:
+    fix = f"raise it (ulimit -n {want}, or LimitNOFILE / nofile in limits.conf)"
+    if hard != resource.RLIM_INFINITY and hard < least:
         raise ConfigurationError(
-            f"this run needs about {want} open files on the driver ({needed} connections), but "
-            f"the process may open at most {hard} (RLIMIT_NOFILE hard limit, soft {soft}): "
-            f"raise it (ulimit -n {want}, or LimitNOFILE / nofile in limits.conf) or use "
-            "fewer ranks"
+            f"this run needs at least {least} open files on the driver ({least - FD_RESERVE} "
+            f"connections), but the process may open at most {hard} (RLIMIT_NOFILE hard limit, "
+            f"soft {soft}): {fix} or use fewer ranks"
         )
+    if hard != resource.RLIM_INFINITY and hard < want:
+        _log.warning(
+            "the process may open at most %d files (RLIMIT_NOFILE hard limit); %d connections "
+            "may need %d: %s",
+            hard,
+            needed,
+            want,
+            fix,
+        )
+        want = int(hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     return want
 
@@ -138,6 +155,9 @@ class FrameServer:
         room: whether the consumer takes more messages now; after a delivery while it says
             no, that connection is not read until :meth:`resume` (its peer's sends wait in
             TCP), so a fast sender cannot fill the consumer's memory.
+        required_connections: how many connections the server cannot do without (default:
+            ``max_connections``); a file limit that allows these but not ``max_connections``
+            is only warned about.
 
     Raises:
         ConfigurationError: the process cannot open enough files for ``max_connections``.
@@ -155,8 +175,10 @@ class FrameServer:
         max_pending: int = 64,
         name: str = "sparktrain-frames",
         room: Callable[[], bool] | None = None,
+        required_connections: int | None = None,
     ) -> None:
-        ensure_fd_limit(max_connections + max_pending)
+        required = None if required_connections is None else required_connections + max_pending
+        ensure_fd_limit(max_connections + max_pending, required)
         self.key = key
         self.rejected = 0
         self.name = name
@@ -279,9 +301,10 @@ class FrameServer:
     def _loop(self) -> None:
         try:
             while not self._closed:
+                accept = False
                 for key, mask in self._sel.select(self._timeout()):
                     if key.data == "accept":
-                        self._accept()
+                        accept = True  # after the reads: a pending peer's frame comes first
                     elif key.data == "wake":
                         self._drain_todo()
                     else:
@@ -290,6 +313,8 @@ class FrameServer:
                             self._flush(conn)
                         if mask & selectors.EVENT_READ and not conn.closed:
                             self._read(conn)
+                if accept:
+                    self._accept()
                 self._expire(time.monotonic())
         finally:
             for conn in list(self._conns.values()):
