@@ -48,8 +48,12 @@ def _mac(key: bytes, nonce: bytes, direction: bytes, seq: int, body: bytes) -> b
     return hmac.new(key, nonce + direction + struct.pack(">Q", seq) + body, hashlib.sha256).digest()
 
 
-def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[str, Any]) -> bytes:
-    """One frame carrying ``message`` as JSON (and its :data:`BLOB`, if any, raw)."""
+def encode_body(message: dict[str, Any]) -> bytes:
+    """A message's frame body: JSON (and its :data:`BLOB`, if any, raw after a NUL).
+
+    Raises:
+        FrameError: the body would exceed :data:`MAX_FRAME`.
+    """
     blob = message.get(BLOB)
     if isinstance(blob, (bytes, bytearray, memoryview)):
         header = {k: v for k, v in message.items() if k != BLOB}
@@ -58,7 +62,17 @@ def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[s
         body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_FRAME:
         raise FrameError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    return body
+
+
+def seal(key: bytes, nonce: bytes, direction: bytes, seq: int, body: bytes) -> bytes:
+    """The frame of an encoded body (see :func:`encode_body`) on one connection."""
     return _HEADER.pack(MAGIC, len(body)) + _mac(key, nonce, direction, seq, body) + body
+
+
+def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[str, Any]) -> bytes:
+    """One frame carrying ``message`` as JSON (and its :data:`BLOB`, if any, raw)."""
+    return seal(key, nonce, direction, seq, encode_body(message))
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:

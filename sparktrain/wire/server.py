@@ -51,9 +51,10 @@ from sparktrain.wire.frames import (
     TO_CLIENT,
     TO_SERVER,
     FrameError,
-    encode,
+    encode_body,
     frame_length,
     open_frame,
+    seal,
     shutdown,
 )
 
@@ -233,17 +234,22 @@ class FrameServer:
         """Queue a message for one authenticated connection, without waiting for the peer.
 
         Returns:
-            False if the connection is gone (or never proved itself, or is too far behind).
+            False if the connection is gone (or never proved itself, or is too far behind),
+            or the message is too large for a frame.
         """
+        try:
+            body = encode_body(message)
+        except FrameError:
+            return False
+        return self._send_body(conn_id, body)
+
+    def _send_body(self, conn_id: int, body: bytes) -> bool:
         with self._lock:
             conn = self._conns.get(conn_id)
         if conn is None or not conn.authenticated or conn.closed:
             return False
         with conn.lock:
-            try:
-                frame = memoryview(encode(self.key, conn.nonce, TO_CLIENT, conn.send_seq, message))
-            except FrameError:
-                return False
+            frame = memoryview(seal(self.key, conn.nonce, TO_CLIENT, conn.send_seq, body))
             conn.send_seq += 1
             if conn.out_bytes + len(frame) > MAX_OUTBOX:
                 self._post("slow", conn.id)
@@ -264,9 +270,14 @@ class FrameServer:
         return True
 
     def broadcast(self, message: dict[str, Any], conn_ids: list[int]) -> None:
-        """Send to several connections, ignoring those that are gone."""
+        """Send to several connections, ignoring those that are gone (the message is
+        encoded once; only its HMAC differs from one connection to the next)."""
+        try:
+            body = encode_body(message)
+        except FrameError:
+            return
         for conn_id in conn_ids:
-            self.send(conn_id, message)
+            self._send_body(conn_id, body)
 
     def drop(self, conn_id: int) -> None:
         """Close one connection (its peer sees EOF)."""
