@@ -123,7 +123,7 @@ def run_case(n: int, helpers: int, timeout: float, **scenario: Any) -> dict[str,
         except WorkerFailedError as exc:
             outcome = f"WorkerFailedError ({len(exc.failures)} rank)"
         except SparkTrainError as exc:
-            outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:40]}…"
         raised = time.time()
     if not launches:
         return {"n": n, "outcome": outcome}

@@ -41,8 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparktrain.errors import ConfigurationError
 from sparktrain.wire import protocol
+from sparktrain.wire.connection import FD_RESERVE, MAX_OUTBOX, Connection, ensure_fd_limit
 from sparktrain.wire.frames import (
     HEADER_BYTES,
     MAC_BYTES,
@@ -62,82 +62,12 @@ AUTH_TIMEOUT = 10.0
 AUTH_FRAME_MAX = 4096
 FRAME_TIMEOUT = 60.0
 LOG_INTERVAL = 10.0
-# Most bytes queued for one peer that does not read: a few of the largest frames.
-MAX_OUTBOX = 4 * MAX_FRAME
-# Descriptors the process keeps for everything but the server's connections (files, pipes,
-# Spark's own sockets, the ranks' pipes on a local run).
-FD_RESERVE = 256
 _READ_CHUNK = 1 << 16
 
 _log = logging.getLogger("sparktrain.wire")
 
 OnMessage = Callable[[int, dict[str, Any]], None]
 OnClosed = Callable[[int], None]
-
-
-def ensure_fd_limit(needed: int, required: int | None = None) -> int:
-    """Make sure this process may hold ``needed`` more descriptors than it has reserved.
-
-    Raises the soft ``RLIMIT_NOFILE`` toward the hard limit when it is too low.
-
-    Args:
-        needed: connections the server may hold at most.
-        required: connections it cannot do without (default: ``needed``); between the two,
-            a hard limit too low for ``needed`` is only warned about.
-
-    Returns:
-        The soft limit now in force.
-
-    Raises:
-        ConfigurationError: the hard limit is too low for ``required`` (it names both limits
-            and the fix).
-    """
-    want = needed + FD_RESERVE
-    least = (needed if required is None else required) + FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= want:
-        return int(soft)
-    fix = f"raise it (ulimit -n {want}, or LimitNOFILE / nofile in limits.conf)"
-    if hard != resource.RLIM_INFINITY and hard < least:
-        raise ConfigurationError(
-            f"this run needs at least {least} open files on the driver ({least - FD_RESERVE} "
-            f"connections), but the process may open at most {hard} (RLIMIT_NOFILE hard limit, "
-            f"soft {soft}): {fix} or use fewer ranks"
-        )
-    if hard != resource.RLIM_INFINITY and hard < want:
-        _log.warning(
-            "the process may open at most %d files (RLIMIT_NOFILE hard limit); %d connections "
-            "may need %d: %s",
-            hard,
-            needed,
-            want,
-            fix,
-        )
-        want = int(hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    return want
-
-
-class _Connection:
-    def __init__(self, conn_id: int, sock: socket.socket) -> None:
-        self.id = conn_id
-        self.sock = sock
-        self.nonce = os.urandom(NONCE_BYTES)
-        self.opened = time.monotonic()
-        self.authenticated = False
-        self.closed = False
-        self.paused = False
-        self.recv_seq = 0
-        self.buf = bytearray()
-        # When the frame now arriving must be whole (None: between frames).
-        self.frame_deadline: float | None = None
-        # Sending (any thread, under lock): the next sequence number and what waits.
-        self.lock = threading.Lock()
-        self.send_seq = 0
-        self.out: collections.deque[memoryview] = collections.deque()
-        self.out_bytes = 0
-        self.out_since = 0.0  # when the queue last moved
-        self.events = 0  # what the selector watches for
 
 
 class FrameServer:
@@ -193,9 +123,9 @@ class FrameServer:
         self._sock = socket.create_server((bind.strip("[]"), 0), family=family, backlog=backlog)
         self._sock.setblocking(False)
         self._advertise = advertise or bind or "127.0.0.1"
-        self._conns: dict[int, _Connection] = {}
+        self._conns: dict[int, Connection] = {}
         # Waiting to authenticate, oldest first.
-        self._pending: collections.OrderedDict[int, _Connection] = collections.OrderedDict()
+        self._pending: collections.OrderedDict[int, Connection] = collections.OrderedDict()
         self._authenticated = 0
         self._paused: set[int] = set()
         self._frame_deadlines: list[tuple[float, int]] = []
@@ -251,22 +181,13 @@ class FrameServer:
         with conn.lock:
             frame = memoryview(seal(self.key, conn.nonce, TO_CLIENT, conn.send_seq, body))
             conn.send_seq += 1
+            sent = conn.queue(frame)
+        if sent is None:
             if conn.out_bytes + len(frame) > MAX_OUTBOX:
                 self._post("slow", conn.id)
-                return False
-            if not conn.out:
-                try:
-                    frame = frame[conn.sock.send(frame) :]
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    return False
-                if not frame:
-                    return True
-                conn.out_since = time.monotonic()
-            conn.out.append(frame)
-            conn.out_bytes += len(frame)
-        self._post("write", conn.id)
+            return False
+        if not sent:
+            self._post("write", conn.id)
         return True
 
     def broadcast(self, message: dict[str, Any], conn_ids: list[int]) -> None:
@@ -383,7 +304,7 @@ class FrameServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Connection(next(self._ids), sock)
+            conn = Connection(next(self._ids), sock)
             try:
                 sent = sock.send(conn.nonce)  # a fresh socket's buffer takes 16 bytes
             except OSError:
@@ -415,7 +336,7 @@ class FrameServer:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._reject(f"out of file descriptors ({exc}; RLIMIT_NOFILE soft limit {soft})")
 
-    def _watch(self, conn: _Connection) -> None:
+    def _watch(self, conn: Connection) -> None:
         """Have the selector watch for what ``conn`` needs now."""
         events = 0 if conn.paused else selectors.EVENT_READ
         if conn.out:
@@ -430,26 +351,11 @@ class FrameServer:
             self._sel.modify(conn.sock, events, conn)
         conn.events = events
 
-    def _flush(self, conn: _Connection) -> None:
-        with conn.lock:
-            while conn.out:
-                head = conn.out[0]
-                try:
-                    sent = conn.sock.send(head)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    conn.out.clear()
-                    break
-                conn.out_since = time.monotonic()
-                conn.out_bytes -= sent
-                if sent == len(head):
-                    conn.out.popleft()
-                else:
-                    conn.out[0] = head[sent:]
+    def _flush(self, conn: Connection) -> None:
+        conn.flush()
         self._watch(conn)
 
-    def _read(self, conn: _Connection) -> None:
+    def _read(self, conn: Connection) -> None:
         if conn.authenticated:
             want = _READ_CHUNK
         elif len(conn.buf) < HEADER_BYTES:
@@ -470,11 +376,11 @@ class FrameServer:
         conn.buf += data
         self._parse(conn)
 
-    def _frame_started(self, conn: _Connection) -> None:
+    def _frame_started(self, conn: Connection) -> None:
         conn.frame_deadline = time.monotonic() + FRAME_TIMEOUT
         heapq.heappush(self._frame_deadlines, (conn.frame_deadline, conn.id))
 
-    def _parse(self, conn: _Connection) -> None:
+    def _parse(self, conn: Connection) -> None:
         """Deliver every whole frame in ``conn``'s buffer (until the consumer is full)."""
         buf, at = conn.buf, 0
         try:
@@ -511,7 +417,7 @@ class FrameServer:
         elif at or conn.frame_deadline is None:
             self._frame_started(conn)  # a new frame has begun
 
-    def _authenticate(self, conn: _Connection) -> bool:
+    def _authenticate(self, conn: Connection) -> bool:
         """``conn``'s first frame checked out: admit it, if there is room."""
         del self._pending[conn.id]
         if self._authenticated >= self.max_connections:
@@ -542,7 +448,7 @@ class FrameServer:
                     self._reject(f"read nothing sent to it for {FRAME_TIMEOUT:g}s")
                     self._close(conn)
 
-    def _close(self, conn: _Connection, notify: bool = True) -> None:
+    def _close(self, conn: Connection, notify: bool = True) -> None:
         if conn.closed:
             return
         with conn.lock:
@@ -579,6 +485,7 @@ class FrameServer:
 
 __all__ = [
     "AUTH_FRAME_MAX",
+    "FD_RESERVE",
     "AUTH_TIMEOUT",
     "FRAME_TIMEOUT",
     "MAX_FRAME",
