@@ -114,6 +114,7 @@ def run_case(n: int, helpers: int, timeout: float, **scenario: Any) -> dict[str,
     sink = Sink()
     outcome = "ok"
     runner = SparkRunner(np=-n, start_timeout=timeout, stall_timeout=None, grace_period=5)
+    scenario.setdefault("wait", timeout + 5)
     with simulated(n, helpers, **scenario) as launches, Sampler() as sampler:
         start = time.time()
         try:
