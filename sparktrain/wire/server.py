@@ -276,12 +276,13 @@ class FrameServer:
         while self._todo:
             action, conn_id = self._todo.popleft()
             if action == "resume":
-                for paused in [self._conns.get(i) for i in self._paused]:
+                # Taken first: a connection may fill the consumer again and pause anew.
+                resumed, self._paused = self._paused, set()
+                for paused in [self._conns.get(i) for i in resumed]:
                     if paused is not None and not paused.closed:
                         paused.paused = False
                         self._watch(paused)
                         self._parse(paused)
-                self._paused.clear()
                 continue
             conn = self._conns.get(conn_id)
             if conn is None or conn.closed:
@@ -400,7 +401,7 @@ class FrameServer:
                     return
                 if first and message.get("type") == protocol.AUTH:
                     continue  # it proved the key; there is nothing to deliver
-                self._on_message(conn.id, message)
+                self._deliver(self._on_message, conn.id, message)
                 if self._room is not None and not self._room():
                     conn.paused = True
                     self._paused.add(conn.id)
@@ -465,7 +466,14 @@ class FrameServer:
         if conn.authenticated:
             self._authenticated -= 1
             if notify and not self._closed and self._on_closed is not None:
-                self._on_closed(conn.id)
+                self._deliver(self._on_closed, conn.id)
+
+    def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run a callback; its failure is logged, and never ends the server's thread."""
+        try:
+            callback(*args)
+        except Exception:  # noqa: BLE001 - one bad callback must not stop every connection
+            _log.exception("%s: a message handler failed", self.name)
 
     def _reject(self, why: str) -> None:
         self.rejected += 1

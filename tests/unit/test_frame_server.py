@@ -390,3 +390,24 @@ def test_the_soft_file_limit_is_raised_when_a_server_needs_it() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= want
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_sender_paused_again_after_a_resume_is_resumed_again() -> None:
+    delivered: queue.Queue[Any] = queue.Queue()
+    srv = wire.FrameServer(
+        KEY,
+        lambda conn_id, message: delivered.put(message),
+        room=lambda: delivered.qsize() < 10,  # the consumer takes ten at a time
+    )
+    client = wire.ChannelClient(srv.address, KEY, timeout=5)
+    try:
+        for i in range(100):
+            client.send({"n": i})
+        got: list[int] = []
+        while len(got) < 100:
+            got += [delivered.get(timeout=5)["n"] for _ in range(min(10, 100 - len(got)))]
+            srv.resume()
+        assert got == list(range(100))
+    finally:
+        client.close()
+        srv.close()
