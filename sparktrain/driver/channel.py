@@ -22,8 +22,8 @@ from sparktrain.wire.server import FrameServer
 
 CLOSED = "_closed"
 # The inbox's bounds (messages): reading pauses above HIGH and resumes at LOW.
-INBOX_HIGH = 4096
-INBOX_LOW = 1024
+INBOX_HIGH = 1024
+INBOX_LOW = 256
 # Connections beyond one per task and one per rank: a restarted rank's reconnect, a probe.
 CONNECTION_SLACK = 64
 
