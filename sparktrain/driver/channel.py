@@ -37,10 +37,10 @@ def max_connections(world_size: int) -> int:
 
 
 def max_pending(world_size: int) -> int:
-    """How many connections may wait to authenticate at once: every task of a large run
-    connects at about the same time, so this grows with the run (up to 1,024); beyond it the
-    oldest is dropped to make room, so a flood cannot lock the tasks out."""
-    return min(1024, max(64, world_size))
+    """How many connections may wait to authenticate at once: every task of a run may
+    connect at the same moment, so one per rank (at least 64); beyond it the oldest is dropped
+    to make room, so a flood cannot lock the tasks out."""
+    return max(64, world_size)
 
 
 class _Inbox(queue.Queue[Event]):
@@ -98,8 +98,9 @@ class ChannelServer(FrameServer):
             advertise=advertise,
             max_connections=max_connections(world_size),
             max_pending=max_pending(world_size),
-            # One per task at least (at most one per rank); the ranks' own may be refused.
-            required_connections=max(1, world_size) + CONNECTION_SLACK,
+            # One per task (at most one per rank) and a few waiting: past those, the ranks' own
+            # connections and a crowd of waiting ones may be refused.
+            required_connections=max(1, world_size) + 2 * CONNECTION_SLACK,
             name="sparktrain-channel",
             room=inbox.room,
         )

@@ -86,9 +86,9 @@ class FrameServer:
         room: whether the consumer takes more messages now; after a delivery while it says
             no, that connection is not read until :meth:`resume` (its peer's sends wait in
             TCP), so a fast sender cannot fill the consumer's memory.
-        required_connections: how many connections the server cannot do without (default:
-            ``max_connections``); a file limit that allows these but not ``max_connections``
-            is only warned about.
+        required_connections: how many connections (authenticated or waiting) the server
+            cannot do without (default: all it may hold); a file limit that allows these but
+            not all is only warned about.
 
     Raises:
         ConfigurationError: the process cannot open enough files for ``max_connections``.
@@ -108,8 +108,7 @@ class FrameServer:
         room: Callable[[], bool] | None = None,
         required_connections: int | None = None,
     ) -> None:
-        required = None if required_connections is None else required_connections + max_pending
-        ensure_fd_limit(max_connections + max_pending, required)
+        ensure_fd_limit(max_connections + max_pending, required_connections)
         self.key = key
         self.rejected = 0
         self.name = name
