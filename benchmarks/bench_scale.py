@@ -156,6 +156,12 @@ def run_case(n: int, helpers: int, timeout: float, **scenario: Any) -> dict[str,
     }
 
 
+def _errors(r: dict[str, Any]) -> None:
+    """Say what went wrong in the simulated tasks, if anything did (below the table)."""
+    if r.get("errors"):
+        print(f"  (N={r['n']}: simulated tasks failed: {'; '.join(r['errors'])[:300]})")
+
+
 def _fmt(value: Any, spec: str = ".2f") -> str:
     if value is None:
         return "-"
@@ -190,6 +196,7 @@ def main() -> None:
                 f"{r.get('threads', '-')} |",
                 flush=True,
             )
+            _errors(r)
     print("\none rank fails once every rank has started:")
     print("| N | outcome | every task holds the abort (s) | run() raised (s) | peak threads |")
     print("|---|---|---|---|---|")
