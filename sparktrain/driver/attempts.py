@@ -123,7 +123,9 @@ class Attempts:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
         bind, advertise = _channel_address(self.session, self.connect)
-        with ChannelServer(key, bind=bind, advertise=advertise) as server:
+        with ChannelServer(
+            key, bind=bind, advertise=advertise, world_size=self.config.world_size
+        ) as server:
             detached = self.connect is not None and not self.connect.reachable
             # Detached tasks get no channel: they learn the layout from Spark's barrier.
             job = dataclasses.replace(job, channel="" if detached else server.address, key=key)

@@ -20,6 +20,7 @@ from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
+from sparktrain.driver.lines import LineView
 from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
@@ -46,7 +47,9 @@ CANCEL_WAIT = 15.0
 # After the launch ended, how long to wait for tasks' last messages (up to their "exited").
 DRAIN_WAIT = 2.0
 # Messages that show the ranks are alive, for the stall watch.
-_SIGNS_OF_LIFE = frozenset({protocol.LOG, protocol.USER_LOG, protocol.REPORT, protocol.ACTIVE})
+_SIGNS_OF_LIFE = frozenset(
+    {protocol.LOG, protocol.LOGS, protocol.USER_LOG, protocol.REPORT, protocol.ACTIVE}
+)
 
 
 class Launch(Protocol):
@@ -114,6 +117,8 @@ class RunMonitor:
         self.results = ResultReceiver(config.max_result_bytes)
         # When rank 0's launch reached each step, on its host (see task.records.launch_times).
         self.rank0_times: dict[str, Any] | None = None
+        # The ranks' output, and the count of lines the tasks did not forward.
+        self.lines = LineView(self._print)
 
     def _print(self, text: str) -> None:
         try:
@@ -223,6 +228,7 @@ class RunMonitor:
                 # start any (they wait for "go", or in Spark's rendezvous): end the job now.
                 stop_deadline, cancel_deadline = None, self._cancel(launch)
         self.times["end"] = time.monotonic()
+        self.lines.finish()
         if interrupted:
             self._collect_stopped(done)
             if self.stopped:
@@ -311,10 +317,12 @@ class RunMonitor:
             return None
         if kind in _SIGNS_OF_LIFE:
             self.stall.activity(time.monotonic())
-        if kind is protocol.LOG:
-            self._print(f"[rank {message['rank']}] {message['line']}")
+        if kind is protocol.LOGS:
+            self.lines.batch(message)
+        elif kind is protocol.LOG:
+            self.lines.line(message["rank"], message["line"])
         elif kind is protocol.USER_LOG:
-            self._print(f"[rank {message['rank']}] {message['message']}")
+            self.lines.line(message["rank"], message["message"])
         elif kind is protocol.REPORT:
             if self.on_report is not None:
                 self.on_report(message)

@@ -26,6 +26,8 @@ def valid(kind: protocol.Kind, message: dict[str, Any], n: int) -> bool:
         for name, got in message["reached"].items()
     ):
         return False
+    if kind is protocol.LOGS:
+        return message["dropped"] >= 0 and all(isinstance(x, str) for x in message["lines"])
     if kind in _INDEXED:
         return 0 <= message["index"] < n
     if kind is protocol.SHARED:

@@ -19,12 +19,10 @@ import pickle
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from sparktrain.cluster import TaskInfo
 from sparktrain.errors import WorkerFailure
-from sparktrain.log import get_logger
 from sparktrain.rendezvous import go_for
 from sparktrain.task.job import TaskJob
 from sparktrain.task.session import TaskSession
@@ -42,8 +40,6 @@ PACKAGES = ("cloudpickle", "torch", "sparktrain")
 # peer's own failure to end the stage.
 PEER_FAILURE_WAIT = 10.0
 
-_log = get_logger(__name__)
-
 
 class DetachedSession(TaskSession):
     """A task's session when the client cannot be reached: Spark's barrier carries the layout.
@@ -58,34 +54,11 @@ class DetachedSession(TaskSession):
         self.context = context
         # What this task said of its slots (one per rank it runs).
         self._infos: list[dict[str, Any]] = []
-        self._logs: dict[int, TextIO | None] = {}  # None: it cannot be opened
-        self._log_dir = _log_folder(job)
 
     def send(self, message: dict[str, Any]) -> None:
         """Keep this task's own hellos (the one message the layout needs); drop the rest."""
         if message.get("type") == protocol.HELLO.name:
             self._infos.append(message["info"])
-
-    def log(self, rank: int, line: str) -> None:
-        """Append the line to the rank's file under ``log_dir``, when one is set."""
-        if self._log_dir is None:
-            return
-        if rank not in self._logs:
-            self._logs[rank] = _open_log(self._log_dir, rank)
-        out = self._logs[rank]
-        if out is None:
-            return
-        try:
-            out.write(line.rstrip("\n") + "\n")
-        except (OSError, ValueError):
-            pass
-
-    def close_logs(self) -> None:
-        """Close the ranks' log files."""
-        for out in self._logs.values():
-            if out is not None:
-                out.close()
-        self._logs.clear()
 
     def listen(self) -> None:
         """Nothing to listen to: a cancelled job kills this task, and its ranks with it."""
@@ -106,33 +79,6 @@ class DetachedSession(TaskSession):
         gathered = self.context.allGather(json.dumps(values))
         found = [json.loads(text) for text in gathered]
         return next((v for v in found if v is not None), None)
-
-
-def _open_log(folder: Path, rank: int) -> TextIO | None:
-    """The rank's log file, created 0600; None (once, with a warning) when it cannot be.
-
-    An existing link is refused, not followed: ``log_dir`` may be shared, and a planted
-    ``rank-N.log`` link must not make the task append to a file of the attacker's choice.
-    """
-    path = folder / f"rank-{rank}.log"
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, _LOG_FLAGS, 0o600)
-    except OSError as exc:
-        reason = "it is a symbolic link" if os.path.islink(path) else str(exc)
-        _log.warning("rank %d's output is not written to %s: %s", rank, path, reason)
-        return None
-    return open(fd, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in close_logs
-
-
-_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _log_folder(job: TaskJob) -> Path | None:
-    root = job.run_config.log_dir
-    if root is None:
-        return None
-    return Path(root) / job.run_id / f"attempt-{job.attempt}"
 
 
 def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:

@@ -84,6 +84,7 @@ def _session(
         yield session, launcher
     finally:
         launcher.close()
+        session.close_logs()  # the ranks' last lines come before the word that they exited
         for index in indices:
             session.send(protocol.EXITED(index=index))
         if client is not None:

@@ -24,6 +24,7 @@ from sparktrain.cluster import RankSpec
 from sparktrain.rendezvous import GoAssembler
 from sparktrain.task import workdirs
 from sparktrain.task.job import TaskJob
+from sparktrain.task.logs import LogForwarder, RankFiles, log_folder
 from sparktrain.wire import protocol
 
 # One event: (kind, id, value). Kinds: "exit" (process key, exit code), "abort" (-1, reason),
@@ -50,6 +51,13 @@ class TaskSession:
         self.client = client
         self.events: queue.Queue[Event] = queue.Queue()
         self.forward_logs = self.config.driver_log_verbosity == "all"
+        # Every line of every rank, when log_dir is set; a bounded share of them to the driver.
+        self.files = RankFiles(log_folder(job))
+        self.forwarder = (
+            LogForwarder(self.send, self.files.where)
+            if self.forward_logs and client is not None
+            else None
+        )
         stall = self.config.stall_timeout
         self._active_interval = min(ACTIVE_INTERVAL, stall / 4) if stall else None
         self._last_active = -math.inf
@@ -92,15 +100,28 @@ class TaskSession:
         )
 
     def log(self, rank: int, line: str) -> None:
-        """Forward one line of a rank's output, when the run's verbosity asks for it; else
-        tell the driver now and then that ranks print (for its stall watch)."""
-        if self.forward_logs:
-            self.send(protocol.LOG(rank=rank, line=line))
-        elif self._active_interval is not None:
+        """One line of a rank's output (from its pump thread; never waits on the driver).
+
+        It goes whole to the rank's file under ``log_dir`` (when set), and to the driver when
+        the run's verbosity asks for it, within the rank's budget (see
+        :mod:`sparktrain.task.logs`); else the driver hears now and then that ranks print
+        (for its stall watch).
+        """
+        self.files.write(rank, line)
+        if self.forwarder is not None:
+            self.forwarder.line(rank, line)
+        elif self._active_interval is not None and self.client is not None:
             now = time.monotonic()
             if now - self._last_active >= self._active_interval:
                 self._last_active = now
                 self.send(protocol.ACTIVE(rank=rank))
+
+    def close_logs(self) -> None:
+        """Send the lines still queued for the driver (waiting a few seconds at most) and
+        close the ranks' files; idempotent."""
+        if self.forwarder is not None:
+            self.forwarder.close()
+        self.files.close()
 
     def listen(self) -> None:
         """Turn the driver's abort (or its disappearance) into an abort event."""

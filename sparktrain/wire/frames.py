@@ -30,6 +30,7 @@ MAX_FRAME = 1 << 20
 # The one key whose value is raw bytes, sent after the JSON.
 BLOB = "blob"
 _HEADER = struct.Struct(">4sI")
+HEADER_BYTES = _HEADER.size
 TO_SERVER = b"C"
 TO_CLIENT = b"S"
 
@@ -47,8 +48,12 @@ def _mac(key: bytes, nonce: bytes, direction: bytes, seq: int, body: bytes) -> b
     return hmac.new(key, nonce + direction + struct.pack(">Q", seq) + body, hashlib.sha256).digest()
 
 
-def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[str, Any]) -> bytes:
-    """One frame carrying ``message`` as JSON (and its :data:`BLOB`, if any, raw)."""
+def encode_body(message: dict[str, Any]) -> bytes:
+    """A message's frame body: JSON (and its :data:`BLOB`, if any, raw after a NUL).
+
+    Raises:
+        FrameError: the body would exceed :data:`MAX_FRAME`.
+    """
     blob = message.get(BLOB)
     if isinstance(blob, (bytes, bytearray, memoryview)):
         header = {k: v for k, v in message.items() if k != BLOB}
@@ -57,7 +62,17 @@ def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[s
         body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_FRAME:
         raise FrameError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    return body
+
+
+def seal(key: bytes, nonce: bytes, direction: bytes, seq: int, body: bytes) -> bytes:
+    """The frame of an encoded body (see :func:`encode_body`) on one connection."""
     return _HEADER.pack(MAGIC, len(body)) + _mac(key, nonce, direction, seq, body) + body
+
+
+def encode(key: bytes, nonce: bytes, direction: bytes, seq: int, message: dict[str, Any]) -> bytes:
+    """One frame carrying ``message`` as JSON (and its :data:`BLOB`, if any, raw)."""
+    return seal(key, nonce, direction, seq, encode_body(message))
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
@@ -120,13 +135,34 @@ def read_frame(
         header = first + recv_exact(sock, _HEADER.size - 1, deadline)
     else:
         header = recv_exact(sock, _HEADER.size, deadline)
+    length = frame_length(header, limit)
+    mac = recv_exact(sock, MAC_BYTES, deadline)
+    body = recv_exact(sock, length, deadline)
+    return open_frame(key, nonce, direction, seq, mac, body)
+
+
+def frame_length(header: bytes, limit: int = MAX_FRAME) -> int:
+    """The body length a frame's header announces, checked before anything more is read.
+
+    Raises:
+        FrameError: bad magic, or a length over ``limit`` (or :data:`MAX_FRAME`).
+    """
     magic, length = _HEADER.unpack(header)
     if magic != MAGIC:
         raise FrameError("bad magic")
     if length > min(limit, MAX_FRAME):
         raise FrameError(f"frame length {length} exceeds {min(limit, MAX_FRAME)}")
-    mac = recv_exact(sock, MAC_BYTES, deadline)
-    body = recv_exact(sock, length, deadline)
+    return int(length)
+
+
+def open_frame(
+    key: bytes, nonce: bytes, direction: bytes, seq: int, mac: bytes, body: bytes
+) -> dict[str, Any]:
+    """Authenticate a frame's body against its HMAC, then (only then) parse it.
+
+    Raises:
+        FrameError: bad HMAC, or a body that is not a JSON object.
+    """
     if not hmac.compare_digest(mac, _mac(key, nonce, direction, seq, body)):
         raise FrameError("authentication failed")
     text, nul, blob = body.partition(b"\0")

@@ -69,6 +69,10 @@ def _kind(name: str, **fields: type | tuple[type, ...]) -> Kind:
 HELLO = _kind("hello", index=int, info=dict)  # a task reached the rendezvous
 STARTED = _kind("started", rank=int, pid=int, host=str, index=int)  # a rank's process runs
 LOG = _kind("log", rank=int, line=str)  # a line of a rank's output
+# A batch of a rank's output lines, and how many lines were not forwarded since its previous
+# batch (over the rank's budget, see sparktrain.task.logs) with the file that keeps them all
+# ("" when none does).
+LOGS = _kind("logs", rank=int, lines=list, dropped=int, where=str)
 USER_LOG = _kind("user_log", rank=int, message=str)  # sparktrain.log_to_driver()
 REPORT = _kind(  # sparktrain.report()
     "report", rank=int, step=(int, _NONE), epoch=(int, _NONE), metrics=dict
@@ -128,6 +132,7 @@ TO_DRIVER: frozenset[Kind] = frozenset(
         HELLO,
         STARTED,
         LOG,
+        LOGS,
         USER_LOG,
         REPORT,
         FAILURE,
@@ -174,6 +179,7 @@ __all__ = [
     "HOST_DONE",
     "LAYOUT",
     "LOG",
+    "LOGS",
     "MEMBER",
     "PROBED",
     "RELEASE",

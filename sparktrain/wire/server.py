@@ -2,25 +2,39 @@
 
 Every connection starts with the server's nonce; the peer then has :data:`AUTH_TIMEOUT`
 seconds, counted once from the connection (not restarted by each byte), to send a first frame
-of at most :data:`AUTH_FRAME_MAX` bytes that authenticates. Only an authenticated connection
-may send larger frames (up to :data:`~sparktrain.wire.frames.MAX_FRAME`), and each of its
-frames must arrive whole within :data:`FRAME_TIMEOUT` of its first byte; between frames it may
-stay quiet for as long as it likes.
+of at most :data:`AUTH_FRAME_MAX` bytes that authenticates: the server reads no more than that
+frame's header before it has checked the length, and parses nothing before the HMAC checks
+out. Only an authenticated connection may send larger frames (up to
+:data:`~sparktrain.wire.frames.MAX_FRAME`), and each of its frames must arrive whole within
+:data:`FRAME_TIMEOUT` of its first byte; between frames it may stay quiet for as long as it
+likes.
+
+One thread serves every connection: a selector (epoll where there is one) accepts, reads and
+writes non-blocking sockets, so threads do not grow with connections. Sends never block it:
+:meth:`FrameServer.send` writes what the socket takes at once and queues the rest (at most
+:data:`MAX_OUTBOX` bytes per connection), which the loop writes as the peer reads; a peer that
+reads nothing for :data:`FRAME_TIMEOUT` while data waits for it, or lets more than that pile
+up, is dropped. The callbacks run on that thread, so they must return quickly and never wait
+on the network.
 
 Connections are bounded: at most ``max_pending`` may be waiting to authenticate (the oldest is
 dropped to make room for a new one, so a flood cannot lock the ranks out) and at most
-``max_connections`` may be authenticated. There is one thread per connection, and the
-acceptor starts a new one only while fewer than ``max_pending + max_connections`` run (a
-dropped connection's thread may take a moment to end), so threads are bounded by the two
-whatever the flood. Rejected connections (failed, late or dropped to make room) are counted
-and logged, at most once per :data:`LOG_INTERVAL` seconds.
+``max_connections`` may be authenticated; each needs a file descriptor, so the server raises
+the process's soft ``RLIMIT_NOFILE`` toward its hard limit when the two need it, and refuses
+to start, naming the limit, when they cannot be had. Rejected connections (failed, late,
+too slow, or over the limits) are counted and logged, at most once per :data:`LOG_INTERVAL`
+seconds.
 """
 
 from __future__ import annotations
 
+import collections
+import heapq
 import itertools
 import logging
 import os
+import resource
+import selectors
 import socket
 import threading
 import time
@@ -28,14 +42,19 @@ from collections.abc import Callable
 from typing import Any
 
 from sparktrain.wire import protocol
+from sparktrain.wire.connection import FD_RESERVE, MAX_OUTBOX, Connection, ensure_fd_limit
 from sparktrain.wire.frames import (
+    HEADER_BYTES,
+    MAC_BYTES,
     MAX_FRAME,
     NONCE_BYTES,
     TO_CLIENT,
     TO_SERVER,
     FrameError,
-    encode,
-    read_frame,
+    encode_body,
+    frame_length,
+    open_frame,
+    seal,
     shutdown,
 )
 
@@ -43,6 +62,7 @@ AUTH_TIMEOUT = 10.0
 AUTH_FRAME_MAX = 4096
 FRAME_TIMEOUT = 60.0
 LOG_INTERVAL = 10.0
+_READ_CHUNK = 1 << 16
 
 _log = logging.getLogger("sparktrain.wire")
 
@@ -50,35 +70,28 @@ OnMessage = Callable[[int, dict[str, Any]], None]
 OnClosed = Callable[[int], None]
 
 
-class _Connection:
-    def __init__(self, conn_id: int, sock: socket.socket) -> None:
-        self.id = conn_id
-        self.sock = sock
-        self.nonce = os.urandom(NONCE_BYTES)
-        self.send_seq = 0
-        self.lock = threading.Lock()
-        self.authenticated = False
-        # Dropped to make room for a newer connection; it may no longer authenticate.
-        self.evicted = False
-        self.opened = time.monotonic()
-
-    def shutdown(self) -> None:
-        shutdown(self.sock)
-
-
 class FrameServer:
-    """A TCP server speaking authenticated frames, with one thread per (bounded) connection.
+    """A TCP server speaking authenticated frames on non-blocking sockets, from one thread.
 
     Args:
         key: the run's HMAC key.
-        on_message: called from the connection's thread with each authenticated message.
+        on_message: called (on the server's thread) with each authenticated message.
         on_closed: called once when an authenticated connection ends (not after :meth:`close`).
         bind: address to listen on (``""`` for every IPv4 interface); see
             :func:`~sparktrain.wire.address.listen_address`.
         advertise: the host name or address peers should connect to (default: ``bind``).
         max_connections: most authenticated connections at once; more are refused.
         max_pending: most connections waiting to authenticate; the oldest makes room.
-        name: names the threads, and the server in log messages.
+        name: names the thread, and the server in log messages.
+        room: whether the consumer takes more messages now; after a delivery while it says
+            no, that connection is not read until :meth:`resume` (its peer's sends wait in
+            TCP), so a fast sender cannot fill the consumer's memory.
+        required_connections: how many connections (authenticated or waiting) the server
+            cannot do without (default: all it may hold); a file limit that allows these but
+            not all is only warned about.
+
+    Raises:
+        ConfigurationError: the process cannot open enough files for ``max_connections``.
     """
 
     def __init__(
@@ -92,7 +105,10 @@ class FrameServer:
         max_connections: int = 256,
         max_pending: int = 64,
         name: str = "sparktrain-frames",
+        room: Callable[[], bool] | None = None,
+        required_connections: int | None = None,
     ) -> None:
+        ensure_fd_limit(max_connections + max_pending, required_connections)
         self.key = key
         self.rejected = 0
         self.name = name
@@ -100,20 +116,36 @@ class FrameServer:
         self.max_pending = max_pending
         self._on_message = on_message
         self._on_closed = on_closed
+        self._room = room
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        self._sock = socket.create_server((bind.strip("[]"), 0), family=family, backlog=128)
+        backlog = min(4096, max(128, max_connections))
+        self._sock = socket.create_server((bind.strip("[]"), 0), family=family, backlog=backlog)
+        self._sock.setblocking(False)
         self._advertise = advertise or bind or "127.0.0.1"
-        self._conns: dict[int, _Connection] = {}
+        self._conns: dict[int, Connection] = {}
+        # Waiting to authenticate, oldest first.
+        self._pending: collections.OrderedDict[int, Connection] = collections.OrderedDict()
+        self._authenticated = 0
+        self._paused: set[int] = set()
+        self._frame_deadlines: list[tuple[float, int]] = []
         self._lock = threading.Lock()
-        # Signalled when a connection's thread ends (or the server closes): room for another.
-        self._room = threading.Condition(self._lock)
-        self._threads = 0
         self._ids = itertools.count(1)
         self._closed = False
         self._last_log = 0.0
         self._unlogged = 0
-        self._acceptor = threading.Thread(target=self._accept, name=name, daemon=True)
-        self._acceptor.start()
+        self._last_sweep = 0.0
+        # Work handed to the loop by other threads: ("write" | "drop" | "slow" | "resume", id).
+        self._todo: collections.deque[tuple[str, int]] = collections.deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        # Kept to be let go when the process runs out of descriptors, to refuse one cleanly.
+        self._spare: int | None = os.open(os.devnull, os.O_RDONLY)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
 
     @property
     def port(self) -> int:
@@ -125,69 +157,330 @@ class FrameServer:
         """``host:port`` that peers connect to."""
         return f"{self._advertise}:{self.port}"
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError:
-                return
-            conn = _Connection(next(self._ids), sock)
-            with self._lock:
-                pending = sorted(
-                    (c for c in self._conns.values() if not c.authenticated and not c.evicted),
-                    key=lambda c: c.opened,
-                )
-                evict = pending[: max(0, len(pending) - self.max_pending + 1)]
-                for old in evict:
-                    old.evicted = True
-            for old in evict:
-                old.shutdown()
-                self._reject("did not authenticate before newer connections needed room")
-            if not self._admit(conn):
-                continue
-            thread = threading.Thread(target=self._serve, args=(conn,), name=self.name, daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # the process is out of threads: drop this one, keep accepting
-                self._release(conn)
-                self._reject("no thread to serve it")
+    # -- any thread -----------------------------------------------------------------------
 
-    def _admit(self, conn: _Connection) -> bool:
-        """Wait for room for one more connection thread; close ``conn`` if none comes in time."""
-        limit = self.max_pending + self.max_connections
-        with self._room:
-            room = self._room.wait_for(
-                lambda: self._closed or self._threads < limit, timeout=AUTH_TIMEOUT
-            )
-            if room and not self._closed:
-                self._threads += 1
-                self._conns[conn.id] = conn
-                return True
-        conn.shutdown()
-        conn.sock.close()
-        if not self._closed:
-            self._reject(f"more than {limit} connections")
-        return False
+    def send(self, conn_id: int, message: dict[str, Any]) -> bool:
+        """Queue a message for one authenticated connection, without waiting for the peer.
 
-    def _release(self, conn: _Connection) -> None:
-        """Forget an admitted connection and close it, making room for another."""
-        with self._room:
-            self._conns.pop(conn.id, None)
-            self._threads -= 1
-            self._room.notify()
+        Returns:
+            False if the connection is gone (or never proved itself, or is too far behind),
+            or the message is too large for a frame.
+        """
         try:
-            conn.sock.close()
-        except OSError:
+            body = encode_body(message)
+        except FrameError:
+            return False
+        return self._send_body(conn_id, body)
+
+    def _send_body(self, conn_id: int, body: bytes) -> bool:
+        with self._lock:
+            conn = self._conns.get(conn_id)
+        if conn is None or not conn.authenticated or conn.closed:
+            return False
+        with conn.lock:
+            frame = memoryview(seal(self.key, conn.nonce, TO_CLIENT, conn.send_seq, body))
+            conn.send_seq += 1
+            sent = conn.queue(frame)
+        if sent is None:
+            if conn.out_bytes + len(frame) > MAX_OUTBOX:
+                self._post("slow", conn.id)
+            return False
+        if not sent:
+            self._post("write", conn.id)
+        return True
+
+    def broadcast(self, message: dict[str, Any], conn_ids: list[int]) -> None:
+        """Send to several connections, ignoring those that are gone (the message is
+        encoded once; only its HMAC differs from one connection to the next)."""
+        try:
+            body = encode_body(message)
+        except FrameError:
+            return
+        for conn_id in conn_ids:
+            self._send_body(conn_id, body)
+
+    def drop(self, conn_id: int) -> None:
+        """Close one connection (its peer sees EOF)."""
+        self._post("drop", conn_id)
+
+    def resume(self) -> None:
+        """The consumer has room again: read the connections paused for it."""
+        self._post("resume", 0)
+
+    def close(self) -> None:
+        """Stop accepting, drop every connection and end the server's thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(10)
+
+    def _post(self, action: str, conn_id: int) -> None:
+        self._todo.append((action, conn_id))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is pending anyway) or closed
             pass
 
-    def _reject(self, why: str) -> None:
-        with self._lock:
-            self.rejected += 1
-            self._unlogged += 1
-            now = time.monotonic()
-            if now - self._last_log < LOG_INTERVAL:
+    # -- the server's thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed:
+                accept = False
+                for key, mask in self._sel.select(self._timeout()):
+                    if key.data == "accept":
+                        accept = True  # after the reads: a pending peer's frame comes first
+                    elif key.data == "wake":
+                        self._drain_todo()
+                    else:
+                        conn = key.data
+                        if mask & selectors.EVENT_WRITE and not conn.closed:
+                            self._flush(conn)
+                        if mask & selectors.EVENT_READ and not conn.closed:
+                            self._read(conn)
+                if accept:
+                    self._accept()
+                self._expire(time.monotonic())
+        finally:
+            for conn in list(self._conns.values()):
+                self._close(conn, notify=False)
+            self._sel.close()
+            for sock in (self._sock, self._wake_r, self._wake_w):
+                sock.close()
+            if self._spare is not None:
+                os.close(self._spare)
+
+    def _timeout(self) -> float:
+        """Seconds until the next deadline the loop must act on (at most one)."""
+        now = time.monotonic()
+        soonest = now + 1.0  # the sweep for stuck sends
+        if self._pending:
+            soonest = min(soonest, next(iter(self._pending.values())).opened + AUTH_TIMEOUT)
+        if self._frame_deadlines:
+            soonest = min(soonest, self._frame_deadlines[0][0])
+        return max(0.0, soonest - now)
+
+    def _drain_todo(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+        while self._todo:
+            action, conn_id = self._todo.popleft()
+            if action == "resume":
+                # Taken first: a connection may fill the consumer again and pause anew.
+                resumed, self._paused = self._paused, set()
+                for paused in [self._conns.get(i) for i in resumed]:
+                    if paused is not None and not paused.closed:
+                        paused.paused = False
+                        self._watch(paused)
+                        self._parse(paused)
+                continue
+            conn = self._conns.get(conn_id)
+            if conn is None or conn.closed:
+                continue
+            if action == "write":
+                self._watch(conn)
+            else:
+                if action == "slow":
+                    self._reject(f"more than {MAX_OUTBOX} bytes sent to it waited unread")
+                self._close(conn)
+
+    def _accept(self) -> None:
+        for _ in range(256):  # then let the other connections have a turn
+            try:
+                sock, _ = self._sock.accept()
+            except BlockingIOError:
                 return
-            count, self._unlogged, self._last_log = self._unlogged, 0, now
+            except OSError as exc:
+                self._out_of_files(exc)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(next(self._ids), sock)
+            try:
+                sent = sock.send(conn.nonce)  # a fresh socket's buffer takes 16 bytes
+            except OSError:
+                sock.close()
+                continue
+            if sent != NONCE_BYTES:
+                sock.close()
+                continue
+            while len(self._pending) >= self.max_pending:
+                _, old = self._pending.popitem(last=False)
+                self._reject("did not authenticate before newer connections needed room")
+                self._close(old)
+            with self._lock:
+                self._conns[conn.id] = conn
+            self._pending[conn.id] = conn
+            self._watch(conn)
+
+    def _out_of_files(self, exc: OSError) -> None:
+        """accept() failed (usually EMFILE): refuse the waiting connection rather than spin."""
+        if self._spare is None:
+            return
+        os.close(self._spare)
+        try:
+            sock, _ = self._sock.accept()
+            sock.close()
+        except OSError:
+            pass
+        self._spare = os.open(os.devnull, os.O_RDONLY)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._reject(f"out of file descriptors ({exc}; RLIMIT_NOFILE soft limit {soft})")
+
+    def _watch(self, conn: Connection) -> None:
+        """Have the selector watch for what ``conn`` needs now."""
+        events = 0 if conn.paused else selectors.EVENT_READ
+        if conn.out:
+            events |= selectors.EVENT_WRITE
+        if events == conn.events:
+            return
+        if conn.events == 0:
+            self._sel.register(conn.sock, events, conn)
+        elif events == 0:
+            self._sel.unregister(conn.sock)
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
+
+    def _flush(self, conn: Connection) -> None:
+        conn.flush()
+        self._watch(conn)
+
+    def _read(self, conn: Connection) -> None:
+        if conn.authenticated:
+            want = _READ_CHUNK
+        elif len(conn.buf) < HEADER_BYTES:
+            want = HEADER_BYTES - len(conn.buf)  # not a byte more before the length is checked
+        else:
+            # _parse has checked this header's length against AUTH_FRAME_MAX.
+            length = int.from_bytes(conn.buf[4:HEADER_BYTES], "big")
+            want = HEADER_BYTES + MAC_BYTES + length - len(conn.buf)
+        try:
+            data = conn.sock.recv(want)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)  # EOF (a half-sent frame is not an attack)
+            return
+        conn.buf += data
+        self._parse(conn)
+
+    def _frame_started(self, conn: Connection) -> None:
+        conn.frame_deadline = time.monotonic() + FRAME_TIMEOUT
+        heapq.heappush(self._frame_deadlines, (conn.frame_deadline, conn.id))
+
+    def _parse(self, conn: Connection) -> None:
+        """Deliver every whole frame in ``conn``'s buffer (until the consumer is full)."""
+        buf, at = conn.buf, 0
+        try:
+            while not conn.paused and len(buf) - at >= HEADER_BYTES:
+                limit = MAX_FRAME if conn.authenticated else AUTH_FRAME_MAX
+                length = frame_length(bytes(buf[at : at + HEADER_BYTES]), limit)
+                end = at + HEADER_BYTES + MAC_BYTES + length
+                if len(buf) < end:
+                    break
+                mac = bytes(buf[at + HEADER_BYTES : at + HEADER_BYTES + MAC_BYTES])
+                body = bytes(buf[at + HEADER_BYTES + MAC_BYTES : end])
+                message = open_frame(self.key, conn.nonce, TO_SERVER, conn.recv_seq, mac, body)
+                conn.recv_seq += 1
+                at = end
+                first = not conn.authenticated
+                if first and not self._authenticate(conn):
+                    return
+                if first and message.get("type") == protocol.AUTH:
+                    continue  # it proved the key; there is nothing to deliver
+                self._deliver(self._on_message, conn.id, message)
+                if self._room is not None and not self._room():
+                    conn.paused = True
+                    self._paused.add(conn.id)
+                    self._watch(conn)
+        except FrameError as exc:
+            self._reject(str(exc))
+            self._close(conn)
+            return
+        del buf[:at]
+        if not buf or conn.paused or not conn.authenticated:
+            # Between frames, or waiting on the consumer (not the sender's fault), or still
+            # held to the authentication deadline.
+            conn.frame_deadline = None
+        elif at or conn.frame_deadline is None:
+            self._frame_started(conn)  # a new frame has begun
+
+    def _authenticate(self, conn: Connection) -> bool:
+        """``conn``'s first frame checked out: admit it, if there is room."""
+        del self._pending[conn.id]
+        if self._authenticated >= self.max_connections:
+            self._reject(f"more than {self.max_connections} authenticated connections")
+            self._close(conn)
+            return False
+        conn.authenticated = True
+        self._authenticated += 1
+        return True
+
+    def _expire(self, now: float) -> None:
+        while self._pending:
+            oldest = next(iter(self._pending.values()))
+            if oldest.opened + AUTH_TIMEOUT > now:
+                break
+            self._reject("no authenticated frame in time")
+            self._close(oldest)
+        while self._frame_deadlines and self._frame_deadlines[0][0] <= now:
+            deadline, conn_id = heapq.heappop(self._frame_deadlines)
+            conn = self._conns.get(conn_id)
+            if conn is not None and conn.frame_deadline == deadline:
+                self._reject(f"a frame did not arrive whole within {FRAME_TIMEOUT:g}s")
+                self._close(conn)
+        if now - self._last_sweep >= 1.0:
+            self._last_sweep = now
+            for conn in [c for c in self._conns.values() if c.out]:
+                if now - conn.out_since > FRAME_TIMEOUT:
+                    self._reject(f"read nothing sent to it for {FRAME_TIMEOUT:g}s")
+                    self._close(conn)
+
+    def _close(self, conn: Connection, notify: bool = True) -> None:
+        if conn.closed:
+            return
+        with conn.lock:
+            conn.closed = True
+            conn.out.clear()
+        with self._lock:
+            self._conns.pop(conn.id, None)
+        self._pending.pop(conn.id, None)
+        self._paused.discard(conn.id)
+        if conn.events:
+            self._sel.unregister(conn.sock)
+        shutdown(conn.sock)
+        conn.sock.close()
+        if conn.authenticated:
+            self._authenticated -= 1
+            if notify and not self._closed and self._on_closed is not None:
+                self._deliver(self._on_closed, conn.id)
+
+    def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run a callback; its failure is logged, and never ends the server's thread."""
+        try:
+            callback(*args)
+        except Exception:  # noqa: BLE001 - one bad callback must not stop every connection
+            _log.exception("%s: a message handler failed", self.name)
+
+    def _reject(self, why: str) -> None:
+        self.rejected += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._last_log < LOG_INTERVAL:
+            return
+        count, self._unlogged, self._last_log = self._unlogged, 0, now
         _log.warning(
             "%s: dropped %d connection(s) that failed authentication or framing, were too "
             "slow, or were over the limits (latest: %s)",
@@ -196,89 +489,14 @@ class FrameServer:
             why,
         )
 
-    def _authenticate(self, conn: _Connection) -> dict[str, Any] | None:
-        """Read the first frame within the deadline; the message to deliver, if any."""
-        deadline = conn.opened + AUTH_TIMEOUT
-        message = read_frame(
-            conn.sock, self.key, conn.nonce, TO_SERVER, 0, limit=AUTH_FRAME_MAX, deadline=deadline
-        )
-        with self._lock:
-            if conn.evicted:
-                raise EOFError("dropped to make room")
-            authenticated = sum(c.authenticated for c in self._conns.values())
-            if authenticated >= self.max_connections:
-                raise FrameError(f"more than {self.max_connections} authenticated connections")
-            conn.authenticated = True
-        conn.sock.settimeout(None)
-        return None if message.get("type") == protocol.AUTH else message
 
-    def _serve(self, conn: _Connection) -> None:
-        try:
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sock.settimeout(AUTH_TIMEOUT)
-            conn.sock.sendall(conn.nonce)
-            first = self._authenticate(conn)
-            if first is not None:
-                self._on_message(conn.id, first)
-            for seq in itertools.count(1):
-                message = read_frame(
-                    conn.sock, self.key, conn.nonce, TO_SERVER, seq, frame_timeout=FRAME_TIMEOUT
-                )
-                self._on_message(conn.id, message)
-        except FrameError as exc:
-            self._reject(str(exc))
-        except TimeoutError:
-            if not conn.authenticated:
-                self._reject("no authenticated frame in time")
-        except (OSError, EOFError):
-            pass
-        finally:
-            self._release(conn)
-            if conn.authenticated and not self._closed and self._on_closed is not None:
-                self._on_closed(conn.id)
-
-    def send(self, conn_id: int, message: dict[str, Any]) -> bool:
-        """Send to one authenticated connection; False if it is gone (or never proved itself)."""
-        with self._lock:
-            conn = self._conns.get(conn_id)
-        if conn is None or not conn.authenticated:
-            return False
-        try:
-            with conn.lock:
-                frame = encode(self.key, conn.nonce, TO_CLIENT, conn.send_seq, message)
-                conn.send_seq += 1
-                conn.sock.sendall(frame)
-            return True
-        except (OSError, FrameError):
-            return False
-
-    def broadcast(self, message: dict[str, Any], conn_ids: list[int]) -> None:
-        """Send to several connections, ignoring those that are gone."""
-        for conn_id in conn_ids:
-            self.send(conn_id, message)
-
-    def drop(self, conn_id: int) -> None:
-        """Close one connection (its peer sees EOF)."""
-        with self._lock:
-            conn = self._conns.get(conn_id)
-        if conn is not None:
-            conn.shutdown()
-
-    def close(self) -> None:
-        """Stop accepting and drop every connection."""
-        with self._room:
-            self._closed = True
-            self._room.notify_all()
-        # close() alone does not wake a thread blocked in accept(); shutdown() does.
-        shutdown(self._sock)
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        with self._lock:
-            conns = list(self._conns.values())
-        for conn in conns:
-            conn.shutdown()
-
-
-__all__ = ["AUTH_FRAME_MAX", "AUTH_TIMEOUT", "FRAME_TIMEOUT", "MAX_FRAME", "FrameServer"]
+__all__ = [
+    "AUTH_FRAME_MAX",
+    "FD_RESERVE",
+    "AUTH_TIMEOUT",
+    "FRAME_TIMEOUT",
+    "MAX_FRAME",
+    "MAX_OUTBOX",
+    "FrameServer",
+    "ensure_fd_limit",
+]

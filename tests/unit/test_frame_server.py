@@ -242,3 +242,172 @@ def test_many_partial_frames_keep_threads_and_connections_bounded(collecting: Co
     finally:
         for sock in flood:
             sock.close()
+
+
+@pytest.mark.parametrize("collecting", [{"max_connections": 1500}], indirect=True)
+def test_many_authenticated_connections_share_one_thread(collecting: Collecting) -> None:
+    srv = collecting.server
+    baseline = threading.active_count()
+    clients: list[wire.ChannelClient] = []
+    try:
+        for i in range(1500):
+            clients.append(wire.ChannelClient(srv.address, KEY, timeout=5))
+            clients[-1].send({"n": i})
+        got = sorted(collecting.next()[2]["n"] for _ in range(1500))
+        assert got == list(range(1500))
+        # Not one thread more than before the first of them (the server's own was there).
+        assert threading.active_count() == baseline
+        # Every one of them can still be answered.
+        conn_ids = list(srv._conns)
+        srv.broadcast({"type": "x"}, conn_ids)
+        assert all(c.receive() == {"type": "x"} for c in clients)
+    finally:
+        for client in clients:
+            client.close()
+    wait_until(lambda: not srv._conns)
+    assert srv.rejected == 0
+
+
+def test_a_peer_that_never_reads_does_not_block_sends_to_others(collecting: Collecting) -> None:
+    srv = collecting.server
+    stuck = wire.ChannelClient(srv.address, KEY, timeout=5)
+    reader = wire.ChannelClient(srv.address, KEY, timeout=5)
+    try:
+        stuck.send({"who": "stuck"})
+        reader.send({"who": "reader"})
+        ids = {m["who"]: conn_id for _, conn_id, m in (collecting.next(), collecting.next())}
+        big = {"type": "x", "data": "y" * (wire.MAX_FRAME - 100)}
+        # The stuck peer reads nothing: what its socket does not take waits in the server,
+        # up to MAX_OUTBOX, and then it is dropped; no send ever waits for it.
+        sent = 0
+        while srv.send(ids["stuck"], big):
+            sent += 1
+            assert srv.send(ids["reader"], {"type": "x", "n": sent})
+            assert reader.receive() == {"type": "x", "n": sent}
+            assert sent < 1000, "the server queued without bound for a peer that never reads"
+        assert collecting.next() == ("closed", ids["stuck"], None)
+        assert srv.rejected == 1  # and counted
+        assert srv.send(ids["reader"], {"type": "still"})
+        assert reader.receive() == {"type": "still"}
+    finally:
+        stuck.close()
+        reader.close()
+
+
+def test_an_idle_authenticated_connection_is_kept(
+    collecting: Collecting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_mod, "AUTH_TIMEOUT", 0.2)
+    monkeypatch.setattr(server_mod, "FRAME_TIMEOUT", 0.2)
+    client = wire.ChannelClient(collecting.server.address, KEY, timeout=5)
+    try:
+        client.send({"n": 0})
+        assert collecting.next()[2] == {"n": 0}
+        # Quiet for well past both deadlines: neither applies between frames.
+        with pytest.raises(queue.Empty):
+            collecting.events.get(timeout=0.8)
+        client.send({"n": 1})
+        assert collecting.next()[2] == {"n": 1}
+    finally:
+        client.close()
+    assert collecting.server.rejected == 0
+
+
+def test_half_a_frame_from_an_authenticated_peer_is_held_to_the_frame_deadline(
+    collecting: Collecting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_mod, "FRAME_TIMEOUT", 0.3)
+    sock, nonce = raw_connect(collecting.server)
+    try:
+        sock.sendall(wire.encode(KEY, nonce, wire.TO_SERVER, 0, {"type": "auth"}))
+        frame = wire.encode(KEY, nonce, wire.TO_SERVER, 1, {"n": 1})
+        sock.sendall(frame[:-3])  # and the rest never comes
+        assert dropped(sock)
+    finally:
+        sock.close()
+    assert collecting.next()[0] == "closed"
+    assert collecting.server.rejected == 1
+
+
+def test_a_full_consumer_pauses_only_the_sender_that_fills_it() -> None:
+    delivered: queue.Queue[tuple[int, Any]] = queue.Queue()
+    full = threading.Event()
+    srv = wire.FrameServer(
+        KEY,
+        lambda conn_id, message: delivered.put((conn_id, message)),
+        room=lambda: not full.is_set(),
+    )
+    chatty = wire.ChannelClient(srv.address, KEY, timeout=5)
+    quiet = wire.ChannelClient(srv.address, KEY, timeout=5)
+    try:
+        chatty.send({"n": -1})
+        delivered.get(timeout=5)
+        full.set()
+        for i in range(200):
+            chatty.send({"n": i})
+        # One message gets through, then its connection is no longer read...
+        assert delivered.get(timeout=5)[1] == {"n": 0}
+        # ...but a connection that was not sending still is.
+        quiet.send({"quiet": True})
+        assert delivered.get(timeout=5)[1] == {"quiet": True}
+        with pytest.raises(queue.Empty):
+            delivered.get(timeout=0.3)
+        full.clear()
+        srv.resume()
+        assert [delivered.get(timeout=5)[1]["n"] for _ in range(199)] == list(range(1, 200))
+        assert srv.rejected == 0
+    finally:
+        chatty.close()
+        quiet.close()
+        srv.close()
+
+
+def test_a_server_larger_than_the_file_limit_allows_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import resource
+
+    from sparktrain.errors import ConfigurationError
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit on open files here")
+    with pytest.raises(ConfigurationError, match="RLIMIT_NOFILE"):
+        wire.FrameServer(KEY, lambda conn_id, message: None, max_connections=hard)
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
+
+
+def test_the_soft_file_limit_is_raised_when_a_server_needs_it() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, soft + 1000) - server_mod.FD_RESERVE
+    if want <= soft - server_mod.FD_RESERVE:
+        pytest.skip("the soft limit is already the hard limit")
+    try:
+        srv = wire.FrameServer(KEY, lambda conn_id, message: None, max_connections=want - 64)
+        srv.close()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_sender_paused_again_after_a_resume_is_resumed_again() -> None:
+    delivered: queue.Queue[Any] = queue.Queue()
+    srv = wire.FrameServer(
+        KEY,
+        lambda conn_id, message: delivered.put(message),
+        room=lambda: delivered.qsize() < 10,  # the consumer takes ten at a time
+    )
+    client = wire.ChannelClient(srv.address, KEY, timeout=5)
+    try:
+        for i in range(100):
+            client.send({"n": i})
+        got: list[int] = []
+        while len(got) < 100:
+            got += [delivered.get(timeout=5)["n"] for _ in range(min(10, 100 - len(got)))]
+            srv.resume()
+        assert got == list(range(100))
+    finally:
+        client.close()
+        srv.close()

@@ -21,7 +21,7 @@ def test_every_kind_has_a_distinct_name() -> None:
         )
         for k in group
     }
-    assert len({k.name for k in kinds}) == len(kinds) == 26
+    assert len({k.name for k in kinds}) == len(kinds) == 27
     assert protocol.AUTH not in {k.name for k in kinds}  # consumed by the server
 
 
@@ -30,6 +30,7 @@ def test_built_messages_parse_as_their_kind() -> None:
         (protocol.HELLO(index=0, info={"host": "h"}), protocol.TO_DRIVER),
         (protocol.STARTED(rank=1, pid=2, host="h", index=1), protocol.TO_DRIVER),
         (protocol.LOG(rank=0, line="x"), protocol.TO_DRIVER),
+        (protocol.LOGS(rank=0, lines=["x"], dropped=2, where=""), protocol.TO_DRIVER),
         (protocol.USER_LOG(rank=0, message="x"), protocol.TO_DRIVER),
         (protocol.REPORT(rank=0, step=None, epoch=3, metrics={"loss": 0.1}), protocol.TO_DRIVER),
         (protocol.FAILURE(failure={"rank": 0}), protocol.TO_DRIVER),

@@ -26,7 +26,7 @@ from sparktrain.data.dataset import MANIFEST_NAME, SparkDatasetConverter, filesy
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.examples import _common
 from sparktrain.payload import keep_and_say, keep_result
-from sparktrain.task.connect import _open_log
+from sparktrain.task.logs import RankFiles
 from tests.accounts import Account, account, need_python, shared_tmp
 
 
@@ -251,12 +251,12 @@ def test_a_rank_log_link_planted_in_a_shared_log_dir_is_not_followed(
     other.run("mkdir", "-m", "0777", "-p", str(folder))
     other.run("ln", "-s", str(precious), str(folder / "rank-0.log"))
 
-    assert _open_log(folder, 0) is None
-    out = _open_log(folder, 1)
-    assert out is not None
-    out.write("line\n")
-    out.close()
+    files = RankFiles(folder)
+    files.write(0, "not for the victim's file")  # refused, with a warning: nothing written
+    files.write(1, "line")
+    files.close()
     assert precious.read_text() == "the victim's file"
+    assert (folder / "rank-1.log").read_text() == "line\n"
     assert stat.S_IMODE(os.lstat(folder / "rank-1.log").st_mode) == 0o600
 
 

@@ -170,7 +170,10 @@ class MpiLaunch(RankLauncher):
         super().__init__(session, bind)
         events = session.events
         self.server = PeerServer(
-            session.job.key, lambda kind, ident, message: events.put((kind, ident, message)), bind
+            session.job.key,
+            lambda kind, ident, message: events.put((kind, ident, message)),
+            bind,
+            tasks=session.job.tasks,
         )
 
     def port(self) -> int:
