@@ -194,7 +194,9 @@ class FrameServer:
         encoded once; only its HMAC differs from one connection to the next)."""
         try:
             body = encode_body(message)
-        except FrameError:
+        except FrameError as exc:
+            # Not a peer's fault, and no peer will hear of it: say so where it is seen.
+            _log.error("%s: %r message not sent to anyone: %s", self.name, message.get("type"), exc)
             return
         for conn_id in conn_ids:
             self._send_body(conn_id, body)
