@@ -157,11 +157,13 @@ class ProbeListener:
         return [str(sock.getsockname()[0]) for sock in self._socks]
 
     def _drop(self, conn: socket.socket, counted: bool = True) -> None:
+        # Counted before the close, so that a peer who sees its connection closed finds it
+        # counted too.
+        self.dropped += counted
         self._pending.pop(conn, None)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn)
         conn.close()
-        self.dropped += counted
 
     def _accept(self, sock: socket.socket) -> None:
         while True:
@@ -194,10 +196,14 @@ class ProbeListener:
         got += chunk
         if len(got) < _CHALLENGE:
             return
-        with contextlib.suppress(OSError):
+        # Counted before it is sent (as drops are before the close): the peer that reads it
+        # finds it counted.
+        self.answered += 1
+        try:
             # A fresh connection's send buffer takes the few bytes at once.
             conn.send(_answer(self._key, bytes(got), self._index))
-            self.answered += 1
+        except OSError:
+            self.answered -= 1
         self._drop(conn, counted=False)
 
     def _expire(self) -> float | None:
