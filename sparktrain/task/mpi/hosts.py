@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparktrain import contract, wire
 from sparktrain.task.mpi import command
+from sparktrain.task.mpi.run import MpiRun
 from sparktrain.task.process import RankProcess
 from sparktrain.task.records import clip, read_errors
 from sparktrain.wire import protocol
-
-if TYPE_CHECKING:
-    from sparktrain.task.mpi.launch import MpiRun
 
 LAUNCHER_LINK = -2  # event id of a member task's connection to the launcher
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain import contract
 from sparktrain.task.mpi import command
+from sparktrain.task.mpi.run import MpiRun
 from sparktrain.task.process import TAIL_LINES, RankProcess
 from sparktrain.task.records import mpi_records, read_errors
 from sparktrain.wire import protocol
@@ -22,7 +23,6 @@ from sparktrain.wire import protocol
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from sparktrain.task.mpi.launch import MpiRun
 
 MPIRUN = -1  # process key of mpirun
 # After mpirun ends: how long to wait for the other hosts' error records, beyond the grace.
