@@ -42,22 +42,29 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def submit_argv() -> list[str]:
+    """spark-submit on a local-cluster of two executors, the UI off, this venv for Python."""
+    return [
+        str(SPARK_SUBMIT),
+        "--master",
+        "local-cluster[2,1,1024]",
+        "--conf",
+        "spark.ui.enabled=false",
+        # Executor JVMs can take over the default 30 s to register on a loaded machine.
+        "--conf",
+        "spark.sparktrain.capacityWait=120s",
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SPARK_SUBMIT.exists(), reason=f"{SPARK_SUBMIT} not found")
 def test_spark_submit_application_trains_with_spark_runner(tmp_path):
     log4j = f"-Dlog4j2.configurationFile=file:{CONF}/log4j2.properties"
     done = subprocess.run(
         [
-            str(SPARK_SUBMIT),
-            "--master",
-            "local-cluster[2,1,1024]",
-            "--conf",
-            "spark.ui.enabled=false",
-            # Executor JVMs can take over the default 30 s to register on a loaded machine.
-            "--conf",
-            "spark.sparktrain.capacityWait=120s",
-            "--conf",
-            f"spark.pyspark.python={sys.executable}",
+            *submit_argv(),
             "--conf",
             f"spark.driver.extraJavaOptions={log4j}",
             "--conf",
@@ -87,18 +94,7 @@ def test_a_failed_job_ends_with_sparktrains_error(tmp_path):
     """With Spark's own logging (no quiet log4j file), the job of the README's shape prints
     the root cause last: no Spark shutdown line after it."""
     done = subprocess.run(
-        [
-            str(SPARK_SUBMIT),
-            "--master",
-            "local-cluster[2,1,1024]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sparktrain.capacityWait=120s",
-            "--conf",
-            f"spark.pyspark.python={sys.executable}",
-            str(FIXTURES / "scripts" / "failing_job.py"),
-        ],
+        [*submit_argv(), str(FIXTURES / "scripts" / "failing_job.py")],
         cwd=tmp_path,
         env=child_env(),
         # One stream, as a terminal shows it (spark-submit passes the Python app's stderr on

@@ -9,8 +9,6 @@ import json
 import os
 import pickle
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +25,7 @@ from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.examples import _common
 from sparktrain.payload import keep_and_say, keep_result
 from sparktrain.task.logs import RankFiles
-from tests.accounts import Account, account, need_python, shared_tmp
-
-
-@pytest.fixture
-def tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The shared temporary folder, as this process's TMPDIR."""
-    with shared_tmp() as path:
-        monkeypatch.setenv("TMPDIR", str(path))
-        monkeypatch.setattr(tempfile, "tempdir", str(path))
-        yield path
-
-
-@pytest.fixture
-def other() -> Iterator[Account]:
-    with account() as found:
-        yield found
+from tests.accounts import Account, account, need_python
 
 
 def _mine() -> str:

@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,26 +20,11 @@ import pytest
 import sparktrain
 from sparktrain import SparkRunner, WorkerFailedError, private
 from sparktrain.task import workdirs
-from tests.accounts import CHECKOUT, Account, account, need_root, shared_tmp
+from tests.accounts import CHECKOUT, Account, need_root
 from tests.fixtures import host_files
 from tests.helpers import wait_gone
 
 OVERFLOW = "sparktrain-abcdef-99999999999999999999-x"
-
-
-@pytest.fixture
-def tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The shared temporary folder, as TMPDIR of this process and the ranks it starts."""
-    with shared_tmp() as path:
-        monkeypatch.setenv("TMPDIR", str(path))
-        monkeypatch.setattr(tempfile, "tempdir", str(path))
-        yield path
-
-
-@pytest.fixture
-def other() -> Iterator[Account]:
-    with account() as found:
-        yield found
 
 
 def _env(tmp: Path) -> dict[str, str]:
