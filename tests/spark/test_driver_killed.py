@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparktrain import SparkRunner
+from sparktrain import SparkRunner, private
+from sparktrain.task import workdirs
 from tests.fixtures import trainers
 from tests.helpers import alive, recorded_pids, wait_for_files
 
@@ -48,6 +49,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
     pids_dir.mkdir()
     tmp = tmp_path / "tmp"  # the driver's and its executors' temporary folder
     tmp.mkdir()
+    tasks = tmp / f"{private.PREFIX}{os.getuid()}" / workdirs.TASKS  # the tasks' own folders
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), str(pids_dir), str(np)],
@@ -70,7 +72,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
         wait_for_files(pids_dir, "*.pid", 2, timeout=120)
         ranks = recorded_pids(pids_dir)
         assert len(alive(ranks)) == 2
-        assert list(tmp.glob("sparktrain-*-*-*")), "the run's task folders were not in TMPDIR"
+        assert list(tasks.glob("task-*")), f"the run's task folders were not in {tasks}"
         zygotes = _zygotes_with_tmpdir(tmp)
         assert zygotes, "no warm zygote was started beside the ranks"
         os.kill(proc.pid, signal.SIGKILL)
@@ -95,7 +97,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
         assert SparkRunner(np=-1).run(trainers.noop) == 0
     finally:
         tempfile.tempdir = saved
-    assert [p.name for p in tmp.glob("sparktrain-*-*-*") if p.is_dir()] == []
+    assert [p.name for p in tasks.iterdir()] == []
 
 
 def _zygotes_with_tmpdir(tmp: Path) -> list[int]:
