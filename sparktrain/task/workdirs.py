@@ -27,6 +27,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,6 +74,12 @@ def create(run_id: str, parent: str | None = None) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         if fd >= 0:
             os.close(fd)
+
+
+# A folder still under its staging name is being made (mkdtemp, lock file, lock, rename take
+# microseconds): another task's sweep leaves it alone for this long, so it never takes one
+# between its lock file's creation and its lock for a dead task's leftover.
+STAGING_GRACE = 60.0
 
 
 def _safe(run_id: str) -> str:
@@ -124,6 +131,8 @@ def _sweep_one(entry: os.DirEntry[str]) -> str | None:
             return "not a folder of this user's"
         if _NAME.match(entry.name) is None:
             return ""
+        if entry.name.startswith(_STAGING) and time.time() - info.st_mtime < STAGING_GRACE:
+            return ""  # being made right now, by a task beside this one
         # O_NONBLOCK: a FIFO in its place must not hang the sweep (checked just below).
         fd = os.open(os.path.join(entry.path, LOCK_FILE), _LOCK_READ)
     except FileNotFoundError:
