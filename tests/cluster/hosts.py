@@ -21,11 +21,17 @@ host's name resolves through DNS on a real cluster.
 
 Teardown kills every process inside each namespace (``ip netns pids``), deletes the
 namespaces and the bridge, and :func:`leftovers` says whether anything is left.
+
+Names and addresses are the machine's, so one prefix is one cluster at a time: :meth:`Hosts.start`
+takes a lock on the prefix (``/run/lock``) for as long as the hosts live. A second test run on the
+machine waits for the first to finish with them (saying so); what a run killed before its teardown
+left under the prefix (its lock went with it) is swept away before the hosts are made again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import signal
 import subprocess
@@ -34,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 HOST_DISK = Path("/tmp/sparktrain-host")
+LOCKS = Path("/run/lock")
+CLAIM_WAIT_S = 1800.0  # a whole cluster tier of another run, with room
 DECOY_IF = "docker0"
 DECOY_PEER = "dockerpeer"
 DECOY_ADDR = "198.19.0.1/24"
@@ -75,6 +83,58 @@ def leftovers(prefix: str) -> list[str]:
     return left
 
 
+def sweep(prefix: str) -> None:
+    """Remove what hosts named ``prefix`` left: their processes, namespaces, links, files."""
+    for ns in (n for n in namespaces() if n.startswith(f"{prefix}-")):
+        for pid in netns_pids(ns):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _ip("netns", "del", ns, check=False)
+    for link in (n for n in links() if n.startswith(prefix)):
+        _ip("link", "del", link, check=False)
+    for etc in NETNS_ETC.glob(f"{prefix}-*"):
+        (etc / "hosts").unlink(missing_ok=True)
+        try:
+            etc.rmdir()
+        except OSError:
+            pass
+
+
+def claim(prefix: str, wait_s: float = CLAIM_WAIT_S, say=print) -> int:
+    """Lock ``prefix`` for this process (an open descriptor; closing it frees the prefix).
+
+    Waits while another live run holds it, saying so every 30 s; raises ``RuntimeError`` naming
+    the holder after ``wait_s``. Once held, whatever a dead run left under the prefix is swept.
+    """
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    path = LOCKS / f"sparktrain-hosts-{prefix}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait_s
+    said = 0.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise RuntimeError(
+                    f"the namespace hosts {prefix!r} are still in use by process {holder} "
+                    f"after {wait_s:.0f} s ({path}): wait for that test run to end, or stop it"
+                ) from None
+            if time.monotonic() - said >= 30:
+                say(f"waiting for process {holder}, which uses the namespace hosts {prefix!r}")
+                said = time.monotonic()
+            time.sleep(0.5)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    sweep(prefix)
+    return fd
+
+
 @dataclasses.dataclass
 class Host:
     """One host: its namespace, its address on the cluster's network, its interfaces."""
@@ -105,9 +165,11 @@ class Hosts:
             for i in range(1, count + 1)
         ]
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._claim: int | None = None
 
     def start(self) -> Hosts:
         """Make the bridge and the hosts (undone by :meth:`close` even when this fails)."""
+        self._claim = claim(self.prefix)
         HOST_DISK.mkdir(exist_ok=True)
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
@@ -216,5 +278,8 @@ class Hosts:
         deadline = time.monotonic() + 10
         while (left := leftovers(self.prefix)) and time.monotonic() < deadline:
             time.sleep(0.1)
+        if self._claim is not None:
+            os.close(self._claim)  # the prefix is free for the next run
+            self._claim = None
         if errors or left:
             raise RuntimeError(f"teardown left {left} ({'; '.join(errors)})")

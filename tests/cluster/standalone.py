@@ -40,6 +40,18 @@ def _wait_port(address: str, port: int, proc: subprocess.Popen[bytes], log: Path
     raise RuntimeError(f"nothing listens on {address}:{port} after 90 s:\n{log.read_text()}")
 
 
+def _stop_masters_left_on(gateway: str) -> None:
+    """SIGKILL a master a killed run left on ``gateway`` (its hosts are claimed: it is not live)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if "org.apache.spark.deploy.master.Master" in cmdline and gateway in cmdline:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                proc.wait(timeout=30)
+
+
 def _registered_workers(logs: list[Path]) -> int:
     return sum("Successfully registered with master" in log.read_text() for log in logs)
 
@@ -81,6 +93,7 @@ class StandaloneCluster:
         """Start the master, then the Workers, and wait until every Worker has registered."""
         spark_class = str(spark_home() / "bin" / "spark-class")
         log = self.dir / "master.log"
+        _stop_masters_left_on(self.hosts.gateway)
         with log.open("ab") as out:
             self._master = subprocess.Popen(
                 [

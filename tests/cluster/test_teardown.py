@@ -3,17 +3,46 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.cluster.conftest import missing_requirement
-from tests.cluster.hosts import HOST_DISK, leftovers
+from tests.cluster.hosts import HOST_DISK, Hosts, claim, leftovers, netns_pids
 from tests.cluster.standalone import standalone_cluster
 
 PREFIX = "stdown"
 NET = 2  # apart from the tier's shared cluster, which may be up meanwhile
+ROOT = Path(__file__).resolve().parents[2]
+
+# Another test run on this machine: makes hosts, starts a process on one, says "up", then holds
+# them until its stdin closes (or it is killed, with no teardown at all).
+OTHER_RUN = """
+import sys
+from pathlib import Path
+from tests.cluster.hosts import Hosts
+hosts = Hosts(sys.argv[1], int(sys.argv[2]), 1).start()
+hosts.popen(hosts.hosts[0], ["sleep", "600"], {"PATH": "/usr/bin:/bin"}, Path(sys.argv[3]))
+print("up", flush=True)
+sys.stdin.read()
+hosts.close()
+"""
+
+
+def _other_run(prefix: str, net: int, tmp_path: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OTHER_RUN, prefix, str(net), str(tmp_path / "sleep.log")],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    return proc
 
 pytestmark = pytest.mark.cluster
 
@@ -64,3 +93,50 @@ def test_failed_test_leaves_no_namespace_link_mount_or_jvm():
     assert _jvms_of(master_url) == []
     assert _holders_of_disk(f"sparktrain-{host.name}") == []
     assert not HOST_DISK.exists() or not any(HOST_DISK.iterdir())
+
+
+def test_what_a_killed_run_left_does_not_stop_the_next_run(tmp_path):
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    other = _other_run(PREFIX, NET, tmp_path)
+    os.kill(other.pid, signal.SIGKILL)  # no teardown: its bridge, namespace and process stay
+    other.wait(timeout=30)
+    left = leftovers(PREFIX)
+    assert f"link {PREFIX}br" in left and f"netns {PREFIX}-h1" in left
+    (orphan,) = netns_pids(f"{PREFIX}-h1")
+    hosts = Hosts(PREFIX, NET, 1)
+    try:
+        hosts.start()
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == "zombie"
+        assert netns_pids(f"{PREFIX}-h1") == []
+    finally:
+        hosts.close()
+    assert leftovers(PREFIX) == []
+
+
+def test_a_second_run_waits_for_the_hosts_in_use_and_says_whose_they_are(tmp_path):
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    other = _other_run(PREFIX, NET, tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match=f"in use by process {other.pid} after 0 s"):
+            claim(PREFIX, wait_s=0)
+        said: list[str] = []
+
+        def say(message: str) -> None:
+            said.append(message)
+            assert other.stdin is not None
+            other.stdin.close()  # the other run ends and tears its hosts down
+
+        fd = claim(PREFIX, wait_s=120, say=say)
+        os.close(fd)
+        assert said == [f"waiting for process {other.pid}, which uses the namespace hosts 'stdown'"]
+        assert other.wait(timeout=30) == 0
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait(timeout=30)
+            Hosts(PREFIX, NET, 1).close()
+    assert leftovers(PREFIX) == []
