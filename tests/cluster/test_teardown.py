@@ -44,6 +44,7 @@ def _other_run(prefix: str, net: int, tmp_path: Path) -> subprocess.Popen[str]:
     assert proc.stdout is not None and proc.stdout.readline() == "up\n"
     return proc
 
+
 pytestmark = pytest.mark.cluster
 
 
