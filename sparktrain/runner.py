@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect import is_connect, sparktrain_conf
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
+from sparktrain.driver.handle import RunHandle, current_handle
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application, ranks_per_task
 from sparktrain.driver.progress import Progress
@@ -204,10 +206,13 @@ class SparkRunner:
 
             hook = cloudpickle.dumps(self._pre_rendezvous_hook)
         record = self.last_run = RunRecord()
+        handle = current_handle()  # a submitted run: its output and stop go through it
+        if handle is not None:
+            handle.record = record
         progress = Progress(
             total=self._total_epochs,
             unit="epoch" if self._total_epochs else "report",
-            display=self._show_progress,
+            display=self._show_progress and handle is None,
         )
         tracker = MlflowTracker.maybe_create()
         job = TaskJob(
@@ -223,6 +228,8 @@ class SparkRunner:
         attempts = Attempts(
             session, config, job, name, record, progress, tracker, self._channel_hook, plan
         )
+        if handle is not None:
+            attempts.out, attempts.stop = handle.output, handle.stop
         try:
             with plain_ctrl_c():
                 return attempts.run()
@@ -231,6 +238,39 @@ class SparkRunner:
             progress.close()
             if tracker is not None:
                 tracker.finish(self._checkpoint_dir if record.succeeded else None)
+
+    def submit(
+        self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> RunHandle:
+        """Start ``run(fn, *args, **kwargs)`` and return at once, with its handle.
+
+        The run goes on in a thread of the driver; the notebook stays usable. Its ranks' lines
+        are kept in the handle (``handle.logs()``, ``handle.tail()``), and printed only where
+        ``handle.follow()`` is called. Runs of one process share the cluster: a run that
+        does not fit beside the others still going gets a ``CapacityError``.
+
+        Returns:
+            A :class:`~sparktrain.driver.handle.RunHandle`, a ``concurrent.futures.Future``:
+            ``handle.result()`` is rank 0's value, or raises what ``run()`` would;
+            ``handle.cancel()`` stops every rank; ``handle.last_run`` is its record.
+
+        Example:
+            >>> handle = SparkRunner(np=2).submit(train, lr=0.01)
+            >>> handle.follow()           # live output in this cell; Ctrl-C stops following
+            >>> metrics = handle.result()
+        """
+        if callable(fn):
+            check_call(fn, args, kwargs)  # a call that cannot bind fails here, not later
+        return self._submit(getattr(fn, "__name__", str(fn)), lambda: self.run(fn, *args, **kwargs))
+
+    def _submit(self, name: str, call: Callable[[], Any]) -> RunHandle:
+        handle = RunHandle(name)
+        # A daemon: the interpreter's exit must not wait hours for a run (the handle stops
+        # the runs still going at exit instead).
+        threading.Thread(
+            target=handle._carry_out, args=(call,), name=f"sparktrain-run-{name}", daemon=True
+        ).start()
+        return handle
 
     @property
     def history(self) -> list[dict[str, Any]]:

@@ -7,16 +7,19 @@ happens is kept in the run's :class:`~sparktrain.driver.record.RunRecord`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
+from typing import Any, TextIO
 
 from sparktrain import wire
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
+from sparktrain.driver.inflight import StopSignal, held_by_others, reserve
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
@@ -50,6 +53,8 @@ class Attempts:
         tracker: MLflow tracking, when the driver has an active run.
         on_channel: private test hook, called with each attempt's channel once it listens.
         connect: for a Spark Connect session, how its executors reach this client.
+        out: where the ranks' lines go (default: the driver's stdout, beside the progress).
+        stop: a stop requested from another thread (a submitted run's handle).
     """
 
     session: Any
@@ -61,13 +66,30 @@ class Attempts:
     tracker: MlflowTracker | None
     on_channel: Callable[[ChannelServer], None] | None = None
     connect: ConnectPlan | None = None
+    out: TextIO | None = None
+    stop: StopSignal | None = None
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value."""
+        with self._slots() as token:
+            return self._run(token)
+
+    @contextlib.contextmanager
+    def _slots(self) -> Iterator[int]:
+        """Hold this run's task slots against the other runs of this process."""
+        if self.session is None or self.connect is not None:
+            yield 0
+            return
+        with reserve(self.session.sparkContext.applicationId, self.job.tasks) as token:
+            yield token
+
+    def _run(self, token: int) -> Any:
         config = self.config
         job = self.job
         since: float | None = None
         while True:
+            if self.stop is not None and self.stop.requested:
+                raise CancelledError("cancelled before its ranks were launched")
             attempt = AttemptRecord(attempt=job.attempt)
             self.record.attempts.append(attempt)
             if self.session is not None and self.connect is None:
@@ -81,6 +103,7 @@ class Attempts:
                         config.capacity_wait,
                         since=since,
                         ranks_per_task=job.ranks_per_task,
+                        held=held_by_others(self.session.sparkContext.applicationId, token),
                     )
                 except CapacityError as exc:
                     if job.attempt == 0:
@@ -139,11 +162,13 @@ class Attempts:
             monitor = RunMonitor(
                 self.config,
                 server,
-                out=self.progress.wrap(sys.stdout),
+                out=self.out or self.progress.wrap(sys.stdout),
                 on_report=self._on_report,
             )
+            stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
             try:
-                return monitor.watch(_launch(self.session, job, description, self.connect))
+                with stop:
+                    return monitor.watch(_launch(self.session, job, description, self.connect))
             finally:
                 attempt.phases.update(monitor.phases())
                 attempt.breakdown = launch_breakdown(

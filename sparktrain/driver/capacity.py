@@ -125,7 +125,12 @@ def busy_slots(sc: Any) -> int:
 
 
 def check_capacity(
-    sc: Any, n: int, wait: float, since: float | None = None, ranks_per_task: int = 1
+    sc: Any,
+    n: int,
+    wait: float,
+    since: float | None = None,
+    ranks_per_task: int = 1,
+    held: int = 0,
 ) -> None:
     """Raise CapacityError unless ``n`` task slots are free.
 
@@ -138,6 +143,11 @@ def check_capacity(
 
     Where the application's settings bound how many tasks it can ever run at once (see
     :func:`most_slots`) and np is over that, it is refused at once, however young the session.
+
+    ``held`` slots belong to other runs of this process still going (see
+    :mod:`sparktrain.driver.inflight`), whether or not Spark runs their tasks yet: when the
+    cluster has slots enough but not beside theirs, the run is refused at once, saying so
+    (they free their slots only when they end, which may be hours).
 
     Raises:
         CapacityError: dynamic allocation is on, or too few slots, naming the settings.
@@ -158,10 +168,18 @@ def check_capacity(
     told_registering = False
     while True:
         total = total_slots(sc)
-        busy = busy_slots(sc)
+        # The other runs' tasks are among the busy ones once Spark runs them.
+        busy = max(busy_slots(sc), held)
         if total - busy >= n:
             return
         now = time.time()
+        if held and total >= n and total - held < n:
+            raise CapacityError(
+                f"{need} needs {n} free task slots at once, but other runs of this process "
+                f"still going hold {held} of the cluster's {total} slots: wait for them "
+                "(handle.result()), cancel one (handle.cancel()), or lower np to "
+                f"{(total - held) * k} or less"
+            )
         if total >= n and busy:
             # Tasks of a job that was just cancelled (a failed run) take a moment to end.
             if busy_deadline is None:

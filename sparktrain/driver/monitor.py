@@ -13,12 +13,14 @@ import queue
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from typing import Any, Protocol, TextIO
 
 from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
+from sparktrain.driver.inflight import STOP
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.lines import LineView
 from sparktrain.driver.results import ResultReceiver
@@ -134,6 +136,8 @@ class RunMonitor:
             RendezvousTimeoutError: some tasks never reached the rendezvous in time.
             RunTimeoutError: the run exceeded ``timeout``.
             KeyboardInterrupt: re-raised after every task has been stopped.
+            concurrent.futures.CancelledError: the run's handle cancelled it; raised after
+                every task has been stopped.
         """
         events = self.server.events
         launch.start(
@@ -152,6 +156,8 @@ class RunMonitor:
         done: dict[str, Any] | None = None
         drain_deadline: float | None = None
         interrupted = False
+        # Whether the run's handle asked it to stop (see sparktrain.driver.inflight).
+        stop_asked = False
         while True:
             if done is not None and detached:
                 break
@@ -212,6 +218,12 @@ class RunMonitor:
                 else:
                     if message.get("type") == DONE:
                         done = message
+                    elif message.get("type") == STOP:
+                        # A run already ending (done, failed, timed out) ends as it would.
+                        if done is None and self.stop_reason is None:
+                            stop_asked = True
+                            _log.info("cancelled; stopping every rank")
+                            stop_deadline = self._stop(SparkTrainError("cancelled"), launch)
                     else:
                         stop = self._handle(conn_id, message)
                         if stop is not None and self.stop_reason is None:
@@ -235,6 +247,10 @@ class RunMonitor:
                 report = describe_stopped(self.stopped)
                 raise KeyboardInterrupt(f"interrupted; every rank was stopped.\n\n{report}")
             raise KeyboardInterrupt
+        if stop_asked:
+            self._collect_stopped(done)
+            note = f"\n\n{describe_stopped(self.stopped)}" if self.stopped else ""
+            raise CancelledError(f"cancelled; every rank was stopped.{note}")
         return self._conclude(done, launch)
 
     def phases(self) -> dict[str, float]:
