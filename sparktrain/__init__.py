@@ -21,12 +21,16 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 - ``task/``: inside a Spark barrier task, or the local supervisor on the driver: the
   rendezvous, then the launcher that creates the rank processes (``task/mpi/`` for mpirun);
 - ``driver/``: on the driver: the channel, the monitor, the attempts, the Spark stage;
-- ``runner``: :class:`SparkRunner` and :class:`HorovodRunner`;
+- ``runner``: :class:`SparkRunner` and :class:`HorovodRunner` (``submit`` gives a
+  :class:`RunHandle`, from ``driver/handle``);
+- ``decorator``: ``@distributed``, Databricks' decorator shape over the runner;
 - ``inference``, ``ml``: batched inference on executors (``predict_udf``) and the Spark ML
   stages ``TorchEstimator`` / ``TorchModel``, on top of the runner (they import pyspark);
 - ``commands/`` (the ``sparktrain`` command and the doctor) and ``examples`` on top.
 """
 
+from sparktrain.decorator import distributed
+from sparktrain.driver.handle import RunHandle
 from sparktrain.errors import (
     CallError,
     CapacityError,
@@ -64,6 +68,7 @@ __all__ = [
     "PayloadError",
     "RendezvousTimeoutError",
     "RunStalledError",
+    "RunHandle",
     "RunTimeoutError",
     "SparkRunner",
     "SparkTrainError",
@@ -71,6 +76,7 @@ __all__ = [
     "WorkerFailure",
     "attempt",
     "default_backend",
+    "distributed",
     "local_rank",
     "load_kept",
     "local_world_size",

@@ -263,6 +263,25 @@ class SparkRunner:
             check_call(fn, args, kwargs)  # a call that cannot bind fails here, not later
         return self._submit(getattr(fn, "__name__", str(fn)), lambda: self.run(fn, *args, **kwargs))
 
+    def submit_all(
+        self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> RunHandle:
+        """Start ``run_all(fn, *args, **kwargs)`` and return at once, with its handle.
+
+        As :meth:`submit`, but ``handle.result()`` is every rank's value, a list by rank.
+        """
+        if callable(fn):
+            check_call(fn, args, kwargs)
+        return self._submit(
+            getattr(fn, "__name__", str(fn)), lambda: self.run_all(fn, *args, **kwargs)
+        )
+
+    def run_all(
+        self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """Every rank's value, by rank (stands in until the ranks send theirs)."""
+        raise NotImplementedError("run_all: every rank's value does not reach the driver yet")
+
     def _submit(self, name: str, call: Callable[[], Any]) -> RunHandle:
         handle = RunHandle(name)
         # A daemon: the interpreter's exit must not wait hours for a run (the handle stops

@@ -43,8 +43,12 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return alive(pids)
 
 
-@pytest.mark.parametrize("np", [2, -2], ids=["executors", "driver"])
-def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> None:
+@pytest.mark.parametrize(
+    "np, how",
+    [(2, "run"), (-2, "run"), (2, "submit")],
+    ids=["executors", "driver", "submitted"],
+)
+def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int, how: str) -> None:
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     tmp = tmp_path / "tmp"  # the driver's and its executors' temporary folder
@@ -52,7 +56,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int) -> No
     tasks = tmp / f"{private.PREFIX}{os.getuid()}" / workdirs.TASKS  # the tasks' own folders
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(pids_dir), str(np)],
+        [sys.executable, str(SCRIPT), str(pids_dir), str(np), how],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

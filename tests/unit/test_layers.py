@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("task",),  # inside a Spark task or the local supervisor
     ("driver",),  # on the driver
     ("runner",),  # the public runner
+    ("decorator",),  # @distributed, over the runner
     ("inference", "ml"),  # Spark ML stages and batched inference, on top of the runner
     (
         "__init__",

@@ -1,0 +1,173 @@
+"""Runs that do not block (``runner.submit`` and its handle) and the ``@distributed`` decorator,
+on the driver (np < 0) and on Spark executors."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparktrain import CapacityError, RunHandle, SparkRunner, WorkerFailedError, distributed
+from tests.fixtures import trainers
+from tests.helpers import alive, recorded_pids, wait_for
+
+
+def _ranks(mode: str, n: int) -> int:
+    return n if mode == "spark" else -n
+
+
+def _said(handle: RunHandle, text: str, ranks: int) -> bool:
+    return sum(text in line for line in handle.logs()) >= ranks
+
+
+def _active_jobs(spark: Any) -> list[int]:
+    return list(spark.sparkContext.statusTracker().getActiveJobsIds())
+
+
+def test_cancel_from_another_thread_while_ranks_block_in_a_collective(
+    mode: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    handle = SparkRunner(np=_ranks(mode, 2), grace_period=1).submit(
+        trainers.block_in_collective, str(tmp_path)
+    )
+    # The ranks' lines reach the handle while the run is going.
+    wait_for(lambda: _said(handle, "in the collective", 2), 120, "both ranks' lines")
+    assert not handle.done()
+    assert sorted(handle.logs()) == [
+        "[rank 0] rank 0 in the collective",
+        "[rank 1] rank 1 in the collective",
+    ]
+    pids = recorded_pids(tmp_path)
+    assert len(alive(pids)) == 2
+    outcome: list[bool] = []
+    canceller = threading.Thread(target=lambda: outcome.append(handle.cancel()))
+    canceller.start()
+    canceller.join(120)
+    assert outcome == [True]
+    assert handle.cancelled() and handle.done()
+    with pytest.raises(concurrent.futures.CancelledError):
+        handle.result()
+    assert alive(pids) == []
+    assert handle.last_run is not None
+    assert handle.last_run.attempts[-1].cause == "cancelled; every rank was stopped."
+    if mode == "spark":
+        spark = request.getfixturevalue("spark")
+        assert _active_jobs(spark) == []
+    # The session (and the driver) still run a job.
+    assert SparkRunner(np=_ranks(mode, 2)).run(trainers.noop) == 0
+
+
+def test_a_failed_run_raises_from_result_what_run_raises(mode: str, tmp_path: Path) -> None:
+    runner = SparkRunner(np=_ranks(mode, 2), grace_period=1)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "submit").mkdir()
+    with pytest.raises(WorkerFailedError) as blocking:
+        runner.run(trainers.fail_on_rank, str(tmp_path / "run"), "raise")
+    handle = runner.submit(trainers.fail_on_rank, str(tmp_path / "submit"), "raise")
+    with pytest.raises(WorkerFailedError) as submitted:
+        handle.result(120)
+    assert handle.exception() is submitted.value
+    # The same error: the root cause first (the rest names pids and times).
+    for error in (blocking.value, submitted.value):
+        assert error.root_cause.rank == 1
+        assert "raised RuntimeError: injected failure on rank 1" in str(error).splitlines()[2]
+    assert handle.last_run is not None and not handle.last_run.succeeded
+    assert alive(recorded_pids(tmp_path / "submit")) == []
+
+
+def test_two_runs_at_once_share_the_cluster(spark: Any, tmp_path: Path) -> None:
+    """The cluster has two slots: two runs of one rank go on together; a third is refused
+    at once, saying why, instead of waiting in a barrier stage that cannot start."""
+    release = tmp_path / "release"
+    runner = SparkRunner(np=1)
+    first = runner.submit(trainers.talk_until, str(release))
+    second = runner.submit(trainers.talk_until, str(release))
+    wait_for(lambda: _said(first, "line 2", 1) and _said(second, "line 2", 1), 120, "both runs")
+    third = runner.submit(trainers.noop)
+    with pytest.raises(CapacityError, match="other runs of this process still going hold 2"):
+        third.result(120)
+    release.touch()
+    done, _ = concurrent.futures.wait([first, second], timeout=120)
+    assert {first, second} == done
+    assert [first.result(), second.result()] == [0, 0]
+    assert first.last_run is not second.last_run
+    assert first.tail(1) == ["[rank 0] released"]
+    assert _active_jobs(spark) == []
+
+
+def test_follow_prints_the_lines_live_until_the_run_ends(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    handle = SparkRunner(np=-2).submit(trainers.talk_until, str(release), 2)
+    wait_for(lambda: _said(handle, "line 1", 2), 60, "the first lines")
+    seen: list[str] = []
+    called: list[RunHandle] = []
+    handle.add_done_callback(called.append)
+
+    class Cell:
+        def write(self, text: str) -> int:
+            seen.append(text)
+            if "line 1" in text and sum("line 1" in s for s in seen) == 2:
+                release.touch()  # the rest comes after follow() started
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    handle.follow(last=100, out=Cell())  # type: ignore[arg-type]
+    assert handle.done() and called == [handle]
+    printed = [s for s in seen if s != "\n"]
+    assert sorted(printed) == sorted(handle.logs())
+    assert sum("released" in line for line in printed) == 2
+    assert handle.result() == 0
+
+
+def test_the_decorated_function_runs_plainly_here_and_on_every_rank(mode: str) -> None:
+    where = distributed(np=_ranks(mode, 2))(trainers.whereabouts)
+    assert where("here") == (0, 1, "here")  # ordinary Python, in this process
+    assert where.__name__ == "whereabouts"
+    assert where.distributed("there") == [(0, 2, "there"), (1, 2, "there")]
+    later = distributed(np=_ranks(mode, 2), remote=True)(trainers.whereabouts)
+    handle = later.distributed("later")
+    assert isinstance(handle, RunHandle)
+    assert handle.result(120) == [(0, 2, "later"), (1, 2, "later")]
+
+
+def test_a_function_written_as_the_databricks_documentation_shows_it(spark: Any) -> None:
+    # As Databricks' documentation writes it (only the import differs), but with gloo: these
+    # machines have no GPU for NCCL.
+    @distributed(gpus=2, gpu_type="H100")
+    def run_train() -> dict[str, int]:
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        tensor = torch.ones(1) * (dist.get_rank() + 1)
+        dist.all_reduce(tensor)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        dist.barrier()
+        dist.destroy_process_group()
+        return {"rank": rank, "local_rank": local_rank, "world": world, "sum": int(tensor.item())}
+
+    results = run_train.distributed()
+    assert [r["rank"] for r in results] == [0, 1]
+    assert {r["world"] for r in results} == {2} and {r["sum"] for r in results} == {3}
+
+
+def test_decorator_settings_are_checked_when_decorating() -> None:
+    from sparktrain import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="give one of np=, gpus= or num_accelerators="):
+        distributed(np=2, gpus=4)
+    with pytest.raises(ConfigurationError, match="non-zero int"):
+        distributed(num_accelerators=0)
+    with pytest.raises(ConfigurationError, match="timeout"):
+        distributed(np=2, timeout="soon")
+    plain = distributed(np=-1)(os.path.join)
+    assert plain("a", "b") == "a/b" and plain.runner.np == -1
