@@ -111,6 +111,10 @@ class SparkRunner:
     def _session(self) -> Any:
         if self._spark is not None:
             return self._spark
+        handle = current_handle()
+        if handle is not None and handle.spark is not None:
+            # The session active where the run was submitted: PySpark's is per thread.
+            return handle.spark
         try:
             from pyspark.sql import SparkSession
         except ImportError as exc:
@@ -284,6 +288,8 @@ class SparkRunner:
 
     def _submit(self, name: str, call: Callable[[], Any]) -> RunHandle:
         handle = RunHandle(name)
+        if self.np > 0:
+            handle.spark = self._session()  # no session: say so now, in the caller's cell
         # A daemon: the interpreter's exit must not wait hours for a run (the handle stops
         # the runs still going at exit instead).
         threading.Thread(

@@ -62,6 +62,8 @@ class RunHandle(Future[Any]):
         self.name = name
         self.stop = StopSignal()
         self.record: RunRecord | None = None
+        # The SparkSession active where the run was submitted (PySpark's is per thread).
+        self.spark: Any = None
         self._lines: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
         self._count = 0  # every line so far, kept or not
         self._new = threading.Condition()
