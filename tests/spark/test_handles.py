@@ -171,3 +171,25 @@ def test_decorator_settings_are_checked_when_decorating() -> None:
         distributed(np=2, timeout="soon")
     plain = distributed(np=-1)(os.path.join)
     assert plain("a", "b") == "a/b" and plain.runner.np == -1
+
+
+@pytest.mark.slow
+def test_the_notebook_trains_while_another_cell_computes(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "runs_that_do_not_block.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "a code cell did not run"
+    text = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in code]
+    computing = next(t for t in text if "primes below" in t)
+    assert "the run is done: False" in computing
+    assert "[rank" not in computing  # the ranks' lines stay out of other cells
+    followed = next(t for t in text if "epoch 0: loss" in t)
+    assert "[rank 0] epoch 19: loss" in followed and "[rank 1] epoch 19: loss" in followed
+    assert "'world_size': 2" in "".join(text)
+    assert "[0, 1] from <RunHandle 'where' done" in text[-1]
