@@ -17,10 +17,10 @@ import pytest
 
 from sparktrain import contract, wire
 from sparktrain.config import RunConfig
-from sparktrain.driver.attempts import _rank0_result
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.results import ResultReceiver
+from sparktrain.driver.results import rank0_result as _rank0_result
 from sparktrain.driver.stage import FailedTask, failed_task
 from sparktrain.errors import PayloadError, WorkerFailedError, WorkerFailure
 from sparktrain.payload import KEPT_RESULTS, dump_result, keep_result
