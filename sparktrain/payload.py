@@ -21,7 +21,8 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    """A size for a message: in MiB, or in bytes where MiB would round it to nothing."""
+    return f"{n / (1 << 20):.1f} MiB" if n >= 100 << 10 else f"{n} bytes"
 
 
 def _captured(fn: Callable[..., Any]) -> Iterator[tuple[str, Any]]:

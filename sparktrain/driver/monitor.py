@@ -21,7 +21,7 @@ from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.lines import LineView
-from sparktrain.driver.results import ResultReceiver, keep_received
+from sparktrain.driver.results import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
 from sparktrain.errors import (
@@ -121,6 +121,8 @@ class RunMonitor:
         # Set for run_all (every rank's value comes back): what the driver keeps of them
         # is named after it when the run fails because some did not fit.
         self.kept_name = kept_name
+        # Each task index's rank, once the layout is made.
+        self.rank_of: dict[int, int] = {}
         self.results = ResultReceiver(config.max_result_bytes, all_ranks=kept_name is not None)
         # When rank 0's launch reached each step, on its host (see task.records.launch_times).
         self.rank0_times: dict[str, Any] | None = None
@@ -385,6 +387,7 @@ class RunMonitor:
             return ConfigurationError(problem)
         # From here on a task may start ranks; before it, none can have.
         self.go_sent = True
+        self.rank_of = {rank.task.index: rank.rank for rank in layout.spec.ranks}
         self.times["go"] = time.monotonic()
         self.stall.start(self.times["go"])
         self.vote = InterfaceVote(layout, self.config.nics)
@@ -431,8 +434,7 @@ class RunMonitor:
         if self.failures:
             kept = ""
             if self.kept_name and any(f.phase == "result" for f in self.failures.values()):
-                kept = keep_received(records, self.kept_name)
-                self.results.let_go()
+                kept = self.results.keep(self.rank_of, self.kept_name)
             raise WorkerFailedError(self.failures, kept, stopped=self.stopped)
         if isinstance(self.stop_error, RunTimeoutError):
             # Raised with where every rank was, which is known only now.

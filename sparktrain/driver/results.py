@@ -90,34 +90,27 @@ class ResultReceiver:
             if record.get("result_sent") is not None and record.get("result") is None:
                 record["result"] = self.results.get(record.get("index", -1))
 
-    def let_go(self) -> None:
-        """Forget every result received (they were attached to records, or kept)."""
-        self.results.clear()
-        self._held = sum(map(len, self._parts.values()))
+    def keep(self, rank_of: Mapping[int, int], name: str) -> str:
+        """Keep on this host every result received, and let go of them; what the run's error
+        adds about them (empty when none arrived).
 
+        For a run that fails all the same (another rank's result did not fit within the
+        limit, or could not be pickled): nothing that came back is lost either.
 
-def keep_received(records: list[dict[str, Any]], name: str) -> str:
-    """Keep on this host every result that reached the driver, for a run that fails all the
-    same (other ranks' results did not fit within the limit): nothing that came back is lost
-    either. Returns what the run's error adds about them (empty when none arrived).
-
-    Args:
-        records: the run's records, with the results received attached.
-        name: the name of rank 0's kept file (see
-            :func:`sparktrain.payload.kept_result_name`); ``rank0`` becomes each rank's.
-    """
-    base = name.removesuffix("rank0")
-    kept = []
-    for record in sorted(records, key=lambda r: int(r.get("rank", -1))):
-        data = record.get("result")
-        if data is None:
-            continue
-        rank = record.get("rank")
-        kept.append(f"rank {rank}'s: {keep_and_say(data, f'{base}rank{rank}')}")
-        record["result"] = None
-    if not kept:
-        return ""
-    return " (the results that reached the driver are kept there: " + "; ".join(kept) + ")"
+        Args:
+            rank_of: each task index's rank.
+            name: the name of rank 0's kept file (see
+                :func:`sparktrain.payload.kept_result_name`); ``rank0`` becomes each rank's.
+        """
+        base = name.removesuffix("rank0")
+        kept = []
+        for rank, index in sorted((rank_of.get(i, i), i) for i in self.results):
+            data = self.results.pop(index)
+            self._held -= len(data)
+            kept.append(f"rank {rank}'s: {keep_and_say(data, f'{base}rank{rank}')}")
+        if not kept:
+            return ""
+        return " (of the results that reached the driver, " + "; ".join(kept) + ")"
 
 
 def rank0_result(records: list[dict[str, Any]], name: str) -> Any:

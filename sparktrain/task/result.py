@@ -87,7 +87,7 @@ def _kept(
     """The record of a result the driver did not get, kept on this host if possible: failed,
     or ``stopped`` when the driver was stopping the run."""
     job = session.job
-    size = f"{len(data) / (1 << 20):.1f} MiB"
+    size = f"{len(data) / (1 << 20):.1f} MiB" if len(data) >= 100 << 10 else f"{len(data)} bytes"
     rank = record["rank"]
     where = keep_and_say(data, kept_result_name(job.run_id, job.attempt, rank), host)
     failure = WorkerFailure(
@@ -100,4 +100,10 @@ def _kept(
         + where,
     )
     status = "stopped" if stopped else "failed"
+    # Also over the channel, as a rank's own end is: a job cancelled meanwhile (the driver
+    # stops the run when a rank fails) may never return its records.
+    if stopped:
+        session.send(protocol.STACK(record=failure.to_json(), stopped=True))
+    else:
+        session.send(protocol.FAILURE(failure=failure.to_json()))
     return {**record, "status": status, "result": None, "failure": failure.to_json()}
