@@ -175,3 +175,47 @@ def test_results_over_the_total_are_kept_where_they_are_and_the_error_names_ever
         assert load_kept(path) == values[int(rank)]
     assert monitor.results.results == {} and monitor.results._held == 0
     assert pickle.loads(pickles[0]) == values[0]
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The driver and its ranks keep their files under ``tmp_path``, not the real /tmp."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_run_all_on_the_driver_returns_every_rank_by_rank(private_tmp: Path) -> None:
+    from sparktrain import SparkRunner
+    from tests.fixtures import trainers
+
+    runner = SparkRunner(np=-2, progress=False)
+    placed = runner.run_all(trainers.placed)
+    assert [(rank, local) for rank, local, _ in placed] == [(0, 0), (1, 1)]
+    assert len({pid for _, _, pid in placed}) == 2 and os.getpid() not in placed[0]
+    values = runner.run_all(trainers.sized_results, {0: 3})
+    assert len(values) == 2 and len(values[0]) == 3 and values[1] is None  # returned nothing
+    assert runner.run(trainers.placed)[:2] == (0, 0)  # run() still gives rank 0's alone
+
+
+def test_run_all_on_the_driver_keeps_what_does_not_fit_in_the_total(private_tmp: Path) -> None:
+    from sparktrain import SparkRunner
+    from tests.fixtures import trainers
+
+    limit = 300_000
+    runner = SparkRunner(np=-2, progress=False, max_result_bytes=limit)
+    with pytest.raises(WorkerFailedError) as err:
+        runner.run_all(trainers.sized_results, {0: 200_000, 1: 200_000})
+    message = str(err.value)
+    # Rank 0's went first and fit; rank 1's would have passed the limit: kept by the local
+    # supervisor on this host, rank 0's by the driver. Both files give the values back.
+    assert (
+        "rank 1 finished, but its result (0.2 MiB) did not reach the driver: the ranks' "
+        f"results together are larger than max_result_bytes ({limit} bytes)"
+    ) in message
+    paths = re.findall(r"it is kept in (\S+\.pkl)", message)
+    assert sorted(Path(p).name.rsplit("-", 1)[1] for p in set(paths)) == ["rank0.pkl", "rank1.pkl"]
+    assert sorted(len(load_kept(p)) for p in set(paths)) == [200_000, 200_000]
+    assert all(Path(p).is_relative_to(private_tmp) for p in paths)
