@@ -219,3 +219,13 @@ def test_run_all_on_the_driver_keeps_what_does_not_fit_in_the_total(private_tmp:
     assert sorted(Path(p).name.rsplit("-", 1)[1] for p in set(paths)) == ["rank0.pkl", "rank1.pkl"]
     assert sorted(len(load_kept(p)) for p in set(paths)) == [200_000, 200_000]
     assert all(Path(p).is_relative_to(private_tmp) for p in paths)
+
+
+def test_run_all_names_the_rank_whose_value_cannot_be_pickled(private_tmp: Path) -> None:
+    from sparktrain import SparkRunner
+    from tests.fixtures import trainers
+
+    with pytest.raises(WorkerFailedError) as err:
+        SparkRunner(np=-2, progress=False).run_all(trainers.lock_on, 1)
+    assert err.value.root_cause.rank == 1 and err.value.root_cause.phase == "result"
+    assert "rank 1 returned a _thread.lock that cannot be pickled" in str(err.value)
