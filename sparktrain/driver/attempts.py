@@ -96,7 +96,8 @@ class Attempts:
                 name = kept_result_name(job.run_id, job.attempt)
                 records = self._attempt(job, attempt)
                 if job.all_ranks:
-                    return all_results(records, self.config.world_size, name)
+                    world = self.config.world_size
+                    return all_results(records, world, name, self.config.max_result_bytes)
                 return rank0_result(records, name)
             except (WorkerFailedError, RendezvousTimeoutError, RunStalledError) as exc:
                 attempt.error, attempt.cause = exc, _first_line(exc)

@@ -121,7 +121,9 @@ def rank0_result(records: list[dict[str, Any]], name: str) -> Any:
     raise PayloadError("rank 0's outcome did not reach the driver")
 
 
-def all_results(records: list[dict[str, Any]], world_size: int, name: str) -> list[Any]:
+def all_results(
+    records: list[dict[str, Any]], world_size: int, name: str, limit: int | None = None
+) -> list[Any]:
     """Every rank's value, as a list by rank (``run_all``).
 
     Args:
@@ -129,10 +131,14 @@ def all_results(records: list[dict[str, Any]], world_size: int, name: str) -> li
         world_size: the number of ranks.
         name: the name of rank 0's kept file, for a value that does not unpickle here
             (``rank0`` becomes each rank's ``rank<N>``).
+        limit: ``max_result_bytes``. Results that came over the channel were held to it on
+            the way; those that came with the Spark job (a detached Connect run, each within
+            the limit by itself) are checked here, as a total.
 
     Raises:
-        PayloadError: a rank's outcome or result is missing, naming the ranks; or a value
-            does not unpickle here (it is kept, and the error says where).
+        PayloadError: a rank's outcome or result is missing, naming the ranks; a value does
+            not unpickle here; or the values together are over ``limit`` (each is then kept,
+            and the error says where).
     """
     by_rank: Mapping[int, dict[str, Any]] = {
         r["rank"]: r for r in records if r.get("status") == "ok" and "rank" in r
@@ -141,6 +147,17 @@ def all_results(records: list[dict[str, Any]], world_size: int, name: str) -> li
     if missing:
         raise PayloadError(f"the outcome of rank(s) {_ranks(missing)} did not reach the driver")
     base = name.removesuffix("rank0")
+    total = sum(len(r.get("result") or b"") for r in by_rank.values())
+    if limit is not None and total > limit:
+        kept = "; ".join(
+            f"rank {rank}'s: {keep_and_say(by_rank[rank]['result'], f'{base}rank{rank}')}"
+            for rank in range(world_size)
+            if by_rank[rank].get("result") is not None
+        )
+        raise PayloadError(
+            f"the ranks' results together ({total} bytes) are larger than max_result_bytes "
+            f"({limit} bytes); so that nothing is lost, the driver keeps them: {kept}"
+        )
     values = []
     for rank in range(world_size):
         values.append(_load(by_rank[rank], f"{base}rank{rank}"))

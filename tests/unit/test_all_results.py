@@ -229,3 +229,17 @@ def test_run_all_names_the_rank_whose_value_cannot_be_pickled(private_tmp: Path)
         SparkRunner(np=-2, progress=False).run_all(trainers.lock_on, 1)
     assert err.value.root_cause.rank == 1 and err.value.root_cause.phase == "result"
     assert "rank 1 returned a _thread.lock that cannot be pickled" in str(err.value)
+
+
+def test_values_that_came_with_the_job_are_held_to_the_total_and_kept(
+    kept_under_tmp: Path,
+) -> None:
+    # A detached Connect run: each rank's value came in its task's row, each within the
+    # limit by itself, together over it.
+    records = _records({0: b"a" * 600, 1: b"b" * 600})
+    with pytest.raises(PayloadError) as err:
+        all_results(records, 2, "d-attempt1-rank0", limit=1000)
+    message = str(err.value)
+    assert "larger than max_result_bytes (1000 bytes)" in message
+    paths = re.findall(r"it is kept in (\S+\.pkl)", message)
+    assert [load_kept(p) for p in paths] == [b"a" * 600, b"b" * 600]
