@@ -243,3 +243,13 @@ def test_values_that_came_with_the_job_are_held_to_the_total_and_kept(
     assert "larger than max_result_bytes (1000 bytes)" in message
     paths = re.findall(r"it is kept in (\S+\.pkl)", message)
     assert [load_kept(p) for p in paths] == [b"a" * 600, b"b" * 600]
+
+
+def test_run_all_with_the_mpi_launcher_is_refused_before_anything_starts() -> None:
+    from sparktrain import ConfigurationError, SparkRunner
+    from tests.fixtures import trainers
+
+    runner = SparkRunner(np=-2, launcher="mpi", progress=False)
+    with pytest.raises(ConfigurationError, match=r"use run\(\), or the default launcher"):
+        runner.run_all(trainers.placed)
+    assert runner.last_run is None  # nothing was launched
