@@ -17,7 +17,8 @@ from collections.abc import Mapping
 # -- what every worker process gets from its supervisor ----------------------------------------
 # The pickled function and arguments.
 PAYLOAD_ENV = "_SPARKTRAIN_PAYLOAD"
-# Where rank 0 writes its pickled result (unset on other ranks).
+# Where a rank writes its pickled result: rank 0's, and every rank's for ``run_all`` (unset on
+# ranks whose value is not asked for).
 RESULT_ENV = "_SPARKTRAIN_RESULT"
 # Where a rank writes its JSON error record when it fails in Python.
 ERROR_ENV = "_SPARKTRAIN_ERROR"
@@ -104,6 +105,11 @@ OMPI_SIZE_ENV = "OMPI_COMM_WORLD_SIZE"
 # -- files in a task's own folder (not the ranks' working directory) ---------------------------
 PAYLOAD_FILE = "payload.pkl"
 RESULT_FILE = "result.pkl"
+
+
+def result_file_name(rank: int) -> str:
+    """The file a rank writes its pickled result to (rank 0's is :data:`RESULT_FILE`)."""
+    return RESULT_FILE if rank == 0 else f"result-{rank}.pkl"
 
 
 def error_file_name(rank: int) -> str:

@@ -107,7 +107,10 @@ class RunConfig:
         256 << 20, "maxPayloadBytes", "size", "largest pickled function and arguments."
     )
     max_result_bytes: int = setting(
-        256 << 20, "maxResultBytes", "size", "largest pickled result of rank 0."
+        256 << 20,
+        "maxResultBytes",
+        "size",
+        "largest pickled result of rank 0 (of every rank's together, for run_all).",
     )
     max_restarts: int = setting(
         0,

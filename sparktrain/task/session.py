@@ -221,7 +221,11 @@ class TaskSession:
         """
         if not self._saved.wait(timeout):
             return f"the driver did not confirm it within {timeout:.0f}s"
-        answer = self._saved_answer
+        # Taken, so that a task sending several ranks' results waits for each one's answer
+        # (one at a time); a connection that ended leaves the event set and no answer.
+        answer, self._saved_answer = self._saved_answer, None
+        if answer is not None:
+            self._saved.clear()
         if answer is None:
             return "the connection to the driver ended before it confirmed it"
         return None if answer["ok"] else str(answer["error"])
