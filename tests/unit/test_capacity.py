@@ -426,3 +426,29 @@ def test_np_within_the_bound_still_waits_for_executors_to_register() -> None:
     sc = FakeSc(slots=lambda: next(answers, 2), age=0.0, master="local-cluster[2,1,1024]")
     check_capacity(sc, 2, wait=60)
     assert sc.slot_calls == 3
+
+
+def test_slots_held_by_other_runs_of_this_process_refuse_at_once() -> None:
+    """Another run of this process holds 3 of 4 slots, its tasks not started by Spark yet (no
+    busy stage): a run of np=2 cannot fit beside it, and is told so without waiting."""
+    sc = FakeSc(slots=4)
+    with pytest.raises(CapacityError) as info:
+        check_capacity(sc, 2, wait=60.0, held=3)
+    assert str(info.value) == (
+        "np=2 needs 2 free task slots at once, but other runs of this process still going "
+        "hold 3 of the cluster's 4 slots: wait for them (handle.result()), cancel one "
+        "(handle.cancel()), or lower np to 1 or less"
+    )
+    check_capacity(sc, 1, wait=60.0, held=3)  # what is left fits
+    check_capacity(FakeSc(slots=4, busy=[2]), 2, wait=60.0, held=2)  # their tasks, running
+
+
+def test_slots_are_held_per_application_while_a_run_goes() -> None:
+    from sparktrain.driver.inflight import held_by_others, reserve
+
+    with reserve("app-1", 2) as first, reserve("app-1", 1) as second:
+        assert first != second
+        assert held_by_others("app-1", first) == 1
+        assert held_by_others("app-1", second) == 2
+        assert held_by_others("app-2", 0) == 0
+    assert held_by_others("app-1", 0) == 0

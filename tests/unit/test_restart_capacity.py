@@ -42,7 +42,12 @@ def test_restart_without_the_lost_executors_names_them_and_capacity_wait(monkeyp
     calls: list[float | None] = []
 
     def check(
-        sc: Any, n: int, wait: float, since: float | None = None, ranks_per_task: int = 1
+        sc: Any,
+        n: int,
+        wait: float,
+        since: float | None = None,
+        ranks_per_task: int = 1,
+        held: int = 0,
     ) -> None:
         calls.append(since)
         if since is not None:  # the restart: the host's executors never came back
@@ -68,7 +73,12 @@ def test_restart_without_the_lost_executors_names_them_and_capacity_wait(monkeyp
 
 def test_first_launch_refusal_is_unchanged(monkeypatch):
     def check(
-        sc: Any, n: int, wait: float, since: float | None = None, ranks_per_task: int = 1
+        sc: Any,
+        n: int,
+        wait: float,
+        since: float | None = None,
+        ranks_per_task: int = 1,
+        held: int = 0,
     ) -> None:
         raise CapacityError(REFUSAL)
 
