@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,23 @@ def test_cancel_from_another_thread_while_ranks_block_in_a_collective(
         assert _active_jobs(spark) == []
     # The session (and the driver) still run a job.
     assert SparkRunner(np=_ranks(mode, 2)).run(trainers.noop) == 0
+
+
+def test_ctrl_c_while_waiting_in_result_stops_the_run(tmp_path: Path) -> None:
+    """A kernel interrupt (a real SIGINT to this process) while a cell waits in result()."""
+    handle = SparkRunner(np=-2, grace_period=1).submit(trainers.block_forever, str(tmp_path))
+
+    def press_ctrl_c() -> None:
+        wait_for(lambda: len(recorded_pids(tmp_path)) == 2, 60, "both ranks")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c, daemon=True)
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        handle.result(120)
+    presser.join(60)
+    assert handle.cancelled()
+    assert alive(recorded_pids(tmp_path)) == []
 
 
 def test_a_failed_run_raises_from_result_what_run_raises(mode: str, tmp_path: Path) -> None:
