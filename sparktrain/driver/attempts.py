@@ -83,7 +83,7 @@ class Attempts:
         if self.session is None or self.connect is not None:
             yield 0
             return
-        with reserve(self.session.sparkContext.applicationId, self.job.tasks) as token:
+        with reserve(_application(self.session), self.job.tasks) as token:
             yield token
 
     def _run(self, token: int) -> Any:
@@ -106,7 +106,7 @@ class Attempts:
                         config.capacity_wait,
                         since=since,
                         ranks_per_task=job.ranks_per_task,
-                        held=held_by_others(self.session.sparkContext.applicationId, token),
+                        held=held_by_others(_application(self.session), token),
                     )
                 except CapacityError as exc:
                     if job.attempt == 0:
@@ -181,6 +181,12 @@ class Attempts:
                 attempt.breakdown = launch_breakdown(
                     monitor.rank0_times, attempt.phases.get("training")
                 )
+
+
+def _application(session: Any) -> str:
+    """The Spark application a session's runs share task slots in."""
+    sc = session.sparkContext
+    return str(getattr(sc, "applicationId", None) or id(sc))
 
 
 def _detached_note(config: RunConfig, job: TaskJob) -> str:
