@@ -203,11 +203,12 @@ def test_the_notebook_trains_while_another_cell_computes(tmp_path: Path) -> None
     client.execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in code), "a code cell did not run"
-    text = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in code]
-    computing = next(t for t in text if "primes below" in t)
-    assert "the run is done: False" in computing
-    assert "[rank" not in computing  # the ranks' lines stay out of other cells
-    followed = next(t for t in text if "epoch 0: loss" in t)
-    assert "[rank 0] epoch 19: loss" in followed and "[rank 1] epoch 19: loss" in followed
-    assert "'world_size': 2" in "".join(text)
-    assert "[0, 1] from <RunHandle 'where' done" in text[-1]
+    text = {c.source: "".join(o.get("text", "") for o in c.get("outputs", [])) for c in code}
+    computing = next(t for source, t in text.items() if "primes" in source)
+    assert "the run is going: True" in computing  # the run trains while this cell computes
+    assert "[rank" not in computing  # and its lines stay out of this cell
+    followed = text["handle.follow(last=4)"].splitlines()
+    last = sorted(line.split(": loss")[0] for line in followed[-2:])
+    assert last == ["[rank 0] epoch 19", "[rank 1] epoch 19"]  # followed to the end
+    assert "'world_size': 2" in "".join(text.values())
+    assert "[0, 1] from <RunHandle 'where' done" in list(text.values())[-1]
