@@ -18,6 +18,8 @@ from sparktrain.units import parse_duration, parse_names, parse_size
 VERBOSITIES = ("all", "log_callback_only")
 STALL_ACTIONS = ("warn", "fail")
 HOROVOD_IMPLS = ("horovod", "builtin")
+# What a node is, for LOCAL_RANK and the like (see sparktrain.cluster.node_rule).
+NODE_RULES = ("auto", "host", "task")
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
 RESERVED_ENV = PLACE_VARIABLES
@@ -133,6 +135,12 @@ def check(config: Any) -> None:
                 f"{name} must be a non-empty string or None; got {value!r}"
                 f" (argument {name}=, or {conf_key(name)})"
             )
+    if config.node not in NODE_RULES:
+        raise ConfigurationError(
+            f"node must be one of {', '.join(NODE_RULES)}; got {config.node!r} (argument node=, "
+            f"or {conf_key('node')}): task makes every Spark task a node of its own, as "
+            "TorchDistributor does; host makes every host one"
+        )
     if config.use_gpu not in (None, True, False):
         raise ConfigurationError(f"use_gpu must be True, False or None; got {config.use_gpu!r}")
     if not isinstance(config.env, Mapping):
