@@ -39,23 +39,12 @@ from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
 from sparktrain.backends.torch import COLLECTIVE_DEFAULTS
 from sparktrain.cluster import ClusterSpec, RankSpec
-from sparktrain.config import RunConfig, conf_key
+from sparktrain.config import MPI_TASK_NODES, RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
 
 LAUNCHERS = (None, "gloo", "mpi")
 ADDR_KEY = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 PORT_KEY = "HOROVOD_GLOO_RENDEZVOUS_PORT"
-
-TASK_NODES_WHY = (
-    "tasks on one host number their GPUs each from 0, so each task is a node of its own"
-)
-MPI_TASK_NODES = (
-    "launcher='mpi' cannot make every Spark task a node of its own: mpirun and Horovod under "
-    "MPI count hvd.local_rank() over every rank of a host, which would not match LOCAL_RANK "
-    "nor the rank's GPU. Use launcher='gloo' (Horovod's own rendezvous, which takes "
-    "sparktrain's nodes), or node='host' where the tasks of a host share one GPU numbering "
-    f"(argument node=, or {conf_key('node')})"
-)
 
 INSTALL_HINT = (
     "Horovod with PyTorch support is needed for backend='horovod'. Horovod 0.28.1 does not "
@@ -270,8 +259,6 @@ class HorovodBackend(Backend):
                     f"horovod_impl='horovod' ({conf_key('horovod_impl')})"
                 )
             return
-        if config.launcher == "mpi" and config.node == "task":
-            raise ConfigurationError(MPI_TASK_NODES)
         if config.horovod_impl is None and config.launcher != "mpi":
             return  # auto: Horovod where the ranks find it, else the built-in one
         if _horovod_spec() is None:
@@ -311,9 +298,10 @@ class HorovodBackend(Backend):
     def layout_problem(self, spec: ClusterSpec, config: RunConfig) -> str | None:
         """Hosts whose name resolves to loopback, for Horovod's own Gloo (see
         :func:`gloo_name_problem`); mpirun and the built-in ``horovod.torch`` do not care.
-        Under mpirun, nodes that are tasks (see :data:`MPI_TASK_NODES`)."""
+        Under mpirun, nodes that are tasks (see
+        :data:`~sparktrain.config.MPI_TASK_NODES`)."""
         if config.launcher == "mpi" and spec.nodes == "task":
-            return MPI_TASK_NODES + " (here chosen by node='auto': " + TASK_NODES_WHY + ")"
+            return f"{MPI_TASK_NODES} (here by node='auto': tasks on one host number their GPUs)"
         if config.launcher == "mpi" or builtin_reason(config) is not None:
             return None
         return gloo_name_problem(spec)

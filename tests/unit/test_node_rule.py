@@ -268,14 +268,14 @@ def test_node_host_is_refused_where_tasks_number_their_gpus_each_from_0() -> Non
 
 
 def test_mpirun_cannot_make_tasks_nodes() -> None:
+    # Refused as the settings are made, before anything starts.
     with pytest.raises(ConfigurationError, match="launcher='mpi' cannot make every Spark task"):
-        get_backend("horovod").check(
-            RunConfig(np=2, backend="horovod", launcher="mpi", node="task")
-        )
+        RunConfig(np=2, backend="horovod", launcher="mpi", node="task")
+    # node="auto" makes tasks nodes only once the layout is known: refused then.
     config = RunConfig(np=2, backend="horovod", launcher="mpi")
     spec = build_cluster_spec(ONE_HOST_ALIKE)
     problem = get_backend("horovod").layout_problem(spec, config)
-    assert problem is not None and "chosen by node='auto'" in problem
+    assert problem is not None and "here by node='auto'" in problem
     assert (
         get_backend("horovod").layout_problem(build_cluster_spec(ONE_HOST_DISTINCT), config) is None
     )
