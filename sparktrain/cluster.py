@@ -147,7 +147,7 @@ class ClusterSpec:
         world_size: number of ranks in the job.
         num_nodes: number of nodes in the job (``GROUP_WORLD_SIZE``).
         first: rank 0, wherever it runs.
-        node_sizes: every node of the job (its :func:`node_name`) with its number of ranks,
+        host_nodes: every host of the job with the number of ranks of each of its nodes,
             in node order, where it is known (the whole layout, and rank 0's task's view:
             Horovod's rendezvous server is sized by it); empty in other views.
         num_hosts: number of distinct hosts in the job.
@@ -160,9 +160,19 @@ class ClusterSpec:
     world_size: int
     num_nodes: int
     first: RankSpec
-    node_sizes: tuple[tuple[str, int], ...] = ()
+    host_nodes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     num_hosts: int = 1
     nodes: str = "host"
+
+    @property
+    def node_sizes(self) -> tuple[tuple[str, int], ...]:
+        """Every node of the job (its :meth:`node_name`) with its number of ranks, in node
+        order, where :attr:`host_nodes` is known."""
+        return tuple(
+            (node_name(host, self.nodes, position), size)
+            for host, sizes in self.host_nodes
+            for position, size in enumerate(sizes)
+        )
 
     @property
     def complete(self) -> bool:
@@ -194,15 +204,22 @@ class ClusterSpec:
         return list(seen.items())
 
     def node_name(self, rank: RankSpec) -> str:
-        """The name of ``rank``'s node: its host, or its host and task (see :func:`node_name`)."""
-        return node_name(rank.task, self.nodes)
+        """The name of ``rank``'s node (Horovod's ``HOROVOD_HOSTNAME``): its host, or where
+        nodes are tasks, its host and the node's place among the host's nodes (see
+        :func:`node_name`)."""
+        if self.nodes == "host":
+            return rank.task.host
+        # A host's nodes are contiguous in node order: its first rank is on its first node.
+        first = self.on_host(rank.task.host)[0].node_rank
+        return node_name(rank.task.host, self.nodes, rank.node_rank - first)
 
 
-def node_name(task: TaskInfo, nodes: str) -> str:
-    """The name of ``task``'s node under the rule ``nodes`` (``"host"`` or ``"task"``): the
-    host, or the host and the task's first slot (Horovod's ``HOROVOD_HOSTNAME``, which names
-    its rendezvous scopes, so no ``/``)."""
-    return task.host if nodes == "host" else f"{task.host}-task{task.first_index}"
+def node_name(host: str, nodes: str, position: int) -> str:
+    """The name of the node at ``position`` among ``host``'s nodes under the rule ``nodes``
+    (``"host"`` or ``"task"``): the host, or ``host-<position>``. It names Horovod's
+    rendezvous scopes, so no ``/``; and rank 0's task rebuilds every name from each host's
+    node sizes (see :mod:`sparktrain.rendezvous`)."""
+    return host if nodes == "host" else f"{host}-{position}"
 
 
 def node_rule(infos: Sequence[TaskInfo], node: str = "auto", use_gpu: bool | None = None) -> str:
@@ -259,11 +276,15 @@ def build_cluster_spec(
     for info in ordered:
         by_host.setdefault(info.host, []).append(info)
     # Nodes in rank order: a host's tasks follow task index, and a task's slots are in order.
-    by_node: dict[str, list[TaskInfo]] = {}
-    for tasks in by_host.values():
+    by_node: list[list[TaskInfo]] = []
+    host_nodes: list[tuple[str, tuple[int, ...]]] = []
+    for host, tasks in by_host.items():
+        on_host: dict[int, list[TaskInfo]] = {}
         for info in tasks:
-            by_node.setdefault(node_name(info, nodes), []).append(info)
-    sizes = [len(tasks) for tasks in by_node.values()]
+            on_host.setdefault(info.first_index if nodes == "task" else 0, []).append(info)
+        by_node.extend(on_host.values())
+        host_nodes.append((host, tuple(len(members) for members in on_host.values())))
+    sizes = [len(tasks) for tasks in by_node]
     # Horovod's cross ranks: for each local rank, the nodes that have one, in node order.
     with_local: dict[int, list[int]] = {}
     for node_rank, size in enumerate(sizes):
@@ -272,7 +293,7 @@ def build_cluster_spec(
     # task index -> (node rank, local rank)
     place = {
         info.index: (node_rank, local_rank)
-        for node_rank, tasks in enumerate(by_node.values())
+        for node_rank, tasks in enumerate(by_node)
         for local_rank, info in enumerate(tasks)
     }
     ranks: list[RankSpec] = []
@@ -303,7 +324,7 @@ def build_cluster_spec(
         world_size=len(ranks),
         num_nodes=len(sizes),
         first=ranks[0],
-        node_sizes=tuple(zip(by_node, sizes, strict=True)),
+        host_nodes=tuple(host_nodes),
         num_hosts=len(by_host),
         nodes=nodes,
     )

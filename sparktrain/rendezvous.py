@@ -14,8 +14,9 @@ Once every task has said hello, the driver computes the whole layout with
   for (a Spark task: its host; the local supervisor: every rank), or for every rank of the
   job where a task needs the whole layout (rank 0's task under ``launcher="mpi"``, which
   runs mpirun for every host);
-* ``node_sizes``: ``[[node name, number of ranks], ...]`` for every node in node order, to
-  rank 0's task only (Horovod's rendezvous server is sized by it); ``[]`` elsewhere;
+* ``host_nodes``: ``[[host, [ranks of each of its nodes, ...]], ...]`` for every host in
+  node order, to rank 0's task only (Horovod's rendezvous server is sized by it, and the
+  nodes' names follow from it: O(hosts + nodes) small numbers); ``[]`` elsewhere;
 * ``probing``: whether the interface is chosen by probes (the ranks span hosts and every
   task listens for probes): every task then waits for ``chosen``;
 * ``probe``: the tasks this connection's task probes, ``[{"index", "host", "port",
@@ -212,7 +213,7 @@ def go_messages(layout: Layout, slots: Sequence[int]) -> list[dict[str, Any]]:
             chunk, size = [], 0
         chunk.append(entry)
         size += cost
-    node_sizes = [list(n) for n in spec.node_sizes] if holds_rank0 else []
+    host_nodes = [[host, list(sizes)] for host, sizes in spec.host_nodes] if holds_rank0 else []
     messages.append(
         protocol.GO(
             world_size=spec.world_size,
@@ -223,7 +224,7 @@ def go_messages(layout: Layout, slots: Sequence[int]) -> list[dict[str, Any]]:
             master_port=spec.master_port,
             first=layout.entry(spec.first)[0],
             ranks=chunk,
-            node_sizes=node_sizes,
+            host_nodes=host_nodes,
             probing=layout.probing,
             probe=targets,
         )
@@ -308,7 +309,9 @@ def view_of(go: Mapping[str, Any]) -> TaskView:
         world_size=int(go["world_size"]),
         num_nodes=int(go["num_nodes"]),
         first=rank_of_entry(go["first"]),
-        node_sizes=tuple((str(name), int(n)) for name, n in go.get("node_sizes", ())),
+        host_nodes=tuple(
+            (str(host), tuple(int(n) for n in sizes)) for host, sizes in go.get("host_nodes", ())
+        ),
         num_hosts=int(go["num_hosts"]),
         nodes=str(go["nodes"]),
     )

@@ -108,7 +108,7 @@ GO = _kind(
     master_port=int,
     first=dict,
     ranks=list,
-    node_sizes=list,
+    host_nodes=list,
     probing=bool,
     probe=list,
 )

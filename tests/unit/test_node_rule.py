@@ -4,6 +4,7 @@ devices and Horovod's local and cross ranks say on fake layouts, for node="auto"
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec, node_r
 from sparktrain.config import RunConfig
 from sparktrain.driver.layout import layout_problem
 from sparktrain.errors import ConfigurationError
-from sparktrain.rendezvous import GoAssembler, go_messages, plan, view_of
+from sparktrain.rendezvous import FRAME_BUDGET, GoAssembler, go_messages, plan, view_of
 from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import worker_env
 from sparktrain.task.session import TaskSession
@@ -95,7 +96,7 @@ def test_node_task_makes_every_task_a_node_as_torchdistributor_does(
     assert column(rows, "HOROVOD_LOCAL_SIZE") == ["1", "1"]
     assert column(rows, "HOROVOD_CROSS_RANK") == ["0", "1"]
     assert column(rows, "HOROVOD_CROSS_SIZE") == ["2", "2"]
-    assert column(rows, "HOROVOD_HOSTNAME") == ["h-task0", "h-task1"]
+    assert column(rows, "HOROVOD_HOSTNAME") == ["h-0", "h-1"]
     # The same host: files on it are shared (see sparktrain.worker.shared_paths).
     assert column(rows, contract.NUM_HOSTS_ENV) == ["1", "1"]
 
@@ -117,7 +118,7 @@ def test_one_host_alike_ids_is_task_nodes_even_where_another_host_is_fine() -> N
     rows = envs(infos)
     assert column(rows, "LOCAL_RANK") == ["0"] * 4
     assert column(rows, "GROUP_WORLD_SIZE") == ["4"] * 4
-    assert column(rows, "HOROVOD_HOSTNAME") == ["a-task0", "a-task2", "b-task1", "b-task3"]
+    assert column(rows, "HOROVOD_HOSTNAME") == ["a-0", "a-1", "b-0", "b-1"]
 
 
 @pytest.mark.parametrize("node", ["auto", "host", "task"])
@@ -389,5 +390,20 @@ def _names(infos: Sequence[TaskInfo]) -> list[str]:
 
 def test_task_node_names_are_unique_and_url_safe() -> None:
     names = _names(LAYOUTS["two per task"])
-    assert names == ["a-task0", "a-task4", "b-task2"]
+    assert names == ["a-0", "a-1", "b-0"]
     assert all("/" not in name for name in names)
+
+
+def test_rank0s_go_stays_small_with_thousands_of_task_nodes() -> None:
+    # 16384 tasks, 8 per host, each numbering its GPU "0": every task is a node. Rank 0's
+    # task is told each host's node sizes (to size Horovod's rendezvous), not their names.
+    hosts = [f"198.18.{h // 250}.{h % 250}" for h in range(2048)]
+    infos = tasks(*[(hosts[i % len(hosts)], ("0",)) for i in range(16384)])
+    layout = plan(infos)
+    assert layout.spec.nodes == "task" and layout.spec.num_nodes == 16384
+    messages = go_messages(layout, [0])
+    assert len(messages) == 1 and len(json.dumps(messages[0])) < FRAME_BUDGET
+    view = view_of(messages[0]).spec
+    slots = horovod_slots(view)
+    assert slots == horovod_slots(layout.spec) and len(slots) == 16384
+    assert {slot.local_size for slot in slots} == {1}

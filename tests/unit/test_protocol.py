@@ -51,7 +51,7 @@ def test_built_messages_parse_as_their_kind() -> None:
                 master_port=1,
                 first={"rank": 0},
                 ranks=[{"rank": 0}],
-                node_sizes=[["h", 1]],
+                host_nodes=[["h", [1]]],
                 num_hosts=1,
                 nodes="host",
                 probing=False,
