@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktrain import contract, private, wire
+from sparktrain.backends.base import attempt_env
 from sparktrain.cluster import RankSpec
 from sparktrain.rendezvous import GoAssembler
 from sparktrain.task import workdirs
@@ -253,6 +254,7 @@ class TaskSession:
             "PYTHONPATH": os.pathsep.join(paths),
             contract.RUN_ID_ENV: self.job.run_id,
             contract.ATTEMPT_ENV: str(self.job.attempt),
+            **attempt_env(self.job.run_id, self.job.attempt),
             contract.GRACE_ENV: str(self.config.grace_period),
             contract.START_TIMEOUT_ENV: str(self.config.start_timeout),
             contract.CHANNEL_ENV: self.job.channel,
