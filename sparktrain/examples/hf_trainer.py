@@ -67,8 +67,8 @@ def train(epochs: int, lr: float, batch_size: int, out_dir: str) -> dict[str, An
         num_attention_heads=4,
         intermediate_size=128,
         max_position_embeddings=LENGTH,
-        num_labels=10,
     )
+    config.num_labels = 10  # a property in transformers 5, not a keyword its types know
     model = BertForSequenceClassification(config)
     args = TrainingArguments(
         output_dir=out_dir,
