@@ -9,12 +9,13 @@ executors of ``local-cluster[2,1,1024]`` through ``SparkRunner(np=2)`` and throu
 ``TorchDistributor(num_processes=2, local_mode=False)``. Every call's value is checked before
 anything is printed: the framework saw a world of 2, ranks 0 and 1, and both ranks ended with
 the same parameters; a call that returns something else stops the benchmark (exit status 1).
-A call that fails is shown as failing, with its error, and gets no time.
+A call that fails is shown as failing, with its error, and gets no time; one that has not
+ended after ``--deadline`` seconds is shown as hung (its Spark job is cancelled).
 
 The first call of each pair is a cold start and is not timed; the table shows the median of
 the warm calls and their ratio (TorchDistributor's time over sparktrain's).
 
-    PYTHONPATH=. python benchmarks/bench_frameworks.py [--repeats 2]
+    PYTHONPATH=. python benchmarks/bench_frameworks.py [--repeats 2] [--deadline 120]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -109,13 +111,41 @@ def check(case: Case, who: str, value: Any) -> str:
     return "; ".join(f"{k} {tuple(v[k] for v in views)}" for k in keys[2:])
 
 
-def measure(case: Case, who: str, runner: Any, repeats: int) -> Result:
+class Hung(Exception):
+    """A call that had not ended by the deadline (its Spark jobs were cancelled)."""
+
+
+def call_with_deadline(spark: Any, runner: Any, case: Case, deadline: float) -> Any:
+    """``runner.run(case.fn, *case.args)``; past ``deadline`` seconds, cancel the session's
+    jobs and raise :class:`Hung` (TorchDistributor can wait forever for a rank that aborted
+    after it finished: torchrun's agent in its exit barrier)."""
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = runner.run(case.fn, *case.args)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = error
+
+    thread = threading.Thread(target=call, name="bench-call", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        spark.sparkContext.cancelAllJobs()
+        thread.join(60)
+        raise Hung(f"no end after {deadline:.0f} s (its Spark job was cancelled)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def measure(spark: Any, case: Case, who: str, runner: Any, repeats: int, deadline: float) -> Result:
     """A cold call of ``runner.run`` (not timed), then ``repeats`` warm ones, each checked."""
     result = Result()
     for i in range(repeats + 1):
         began = time.perf_counter()
         try:
-            value = runner.run(case.fn, *case.args)
+            value = call_with_deadline(spark, runner, case, deadline)
         except Exception as error:  # noqa: BLE001 - a failing layout is a result
             first = str(error).strip().splitlines()
             lines = [line for line in first if "Error" in line] or first or [""]
@@ -131,6 +161,9 @@ def measure(case: Case, who: str, runner: Any, repeats: int) -> Result:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="warm calls per cell (default 2)")
+    parser.add_argument(
+        "--deadline", type=float, default=120.0, help="seconds before a call counts as hung"
+    )
     args = parser.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -157,8 +190,8 @@ def main() -> None:
                     np=2, spark=spark, driver_log_verbosity="log_callback_only", **case.ours
                 )
                 peer = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-                ours = measure(case, "sparktrain", ours_runner, args.repeats)
-                theirs = measure(case, "TorchDistributor", peer, args.repeats)
+                ours = measure(spark, case, "sparktrain", ours_runner, args.repeats, args.deadline)
+                theirs = measure(spark, case, "TorchDistributor", peer, args.repeats, args.deadline)
                 rows.append((case, ours, theirs))
                 print(f"done: {case.name}", file=sys.stderr, flush=True)
     finally:
