@@ -101,21 +101,31 @@ class TaskInfo:
 class RankSpec:
     """Where one rank sits in the job.
 
+    A *node* is what ``LOCAL_RANK``, ``NODE_RANK`` and Horovod's local and cross ranks count
+    in: a host, or a Spark task (see :func:`node_rule`). The host fields say where the rank
+    runs whatever the rule (the rendezvous, probes and mpirun work per host).
+
     Attributes:
         rank: global rank.
-        local_rank: index among the ranks on the same host.
-        local_world_size: number of ranks on that host.
-        node_rank: index of the host, in order of first appearance.
+        local_rank: index among the ranks of the same node.
+        local_world_size: number of ranks of that node.
+        node_rank: index of the node, in order of its lowest rank.
+        host_rank: index of the host, in order of first appearance.
+        host_local_rank: index among the ranks on the same host.
+        host_local_size: number of ranks on that host.
         task: the task that runs this rank.
-        cross_rank: the position of its host among the hosts that have a rank with the same
+        cross_rank: the position of its node among the nodes that have a rank with the same
             local rank (in node order): Horovod's cross rank.
-        cross_size: the number of those hosts: Horovod's cross size.
+        cross_size: the number of those nodes: Horovod's cross size.
     """
 
     rank: int
     local_rank: int
     local_world_size: int
     node_rank: int
+    host_rank: int
+    host_local_rank: int
+    host_local_size: int
     task: TaskInfo
     cross_rank: int = 0
     cross_size: int = 1
@@ -127,7 +137,7 @@ class ClusterSpec:
 
     A task is told the ranks of its own host (and of every host it speaks for), never every
     rank of the job (see :mod:`sparktrain.rendezvous`): what a rank needs of the others is
-    counted here (``world_size``, ``num_nodes``) or is rank 0's (``first``).
+    counted here (``world_size``, ``num_nodes``, ``num_hosts``) or is rank 0's (``first``).
 
     Attributes:
         ranks: the ranks known here, ordered by global rank: every rank (see
@@ -135,11 +145,13 @@ class ClusterSpec:
         master_addr: address of rank 0's host.
         master_port: the port rank 0 offered.
         world_size: number of ranks in the job.
-        num_nodes: number of distinct hosts in the job.
+        num_nodes: number of nodes in the job (``GROUP_WORLD_SIZE``).
         first: rank 0, wherever it runs.
-        host_sizes: every host of the job with its number of ranks, in node order, where it
-            is known (the whole layout, and rank 0's task's view: Horovod's rendezvous
-            server is sized by it); empty in other views.
+        host_nodes: every host of the job with the number of ranks of each of its nodes,
+            in node order, where it is known (the whole layout, and rank 0's task's view:
+            Horovod's rendezvous server is sized by it); empty in other views.
+        num_hosts: number of distinct hosts in the job.
+        nodes: what a node is in this job: ``"host"`` or ``"task"`` (see :func:`node_rule`).
     """
 
     ranks: tuple[RankSpec, ...]
@@ -148,7 +160,19 @@ class ClusterSpec:
     world_size: int
     num_nodes: int
     first: RankSpec
-    host_sizes: tuple[tuple[str, int], ...] = ()
+    host_nodes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    num_hosts: int = 1
+    nodes: str = "host"
+
+    @property
+    def node_sizes(self) -> tuple[tuple[str, int], ...]:
+        """Every node of the job (its :meth:`node_name`) with its number of ranks, in node
+        order, where :attr:`host_nodes` is known."""
+        return tuple(
+            (node_name(host, self.nodes, position), size)
+            for host, sizes in self.host_nodes
+            for position, size in enumerate(sizes)
+        )
 
     @property
     def complete(self) -> bool:
@@ -163,26 +187,80 @@ class ClusterSpec:
         raise KeyError(f"no rank for task {index}")
 
     def on_host(self, host: str) -> list[RankSpec]:
-        """The ranks on ``host``, by local rank."""
-        return sorted((r for r in self.ranks if r.task.host == host), key=lambda r: r.local_rank)
+        """The ranks on ``host``, by their index on it."""
+        return sorted(
+            (r for r in self.ranks if r.task.host == host), key=lambda r: r.host_local_rank
+        )
+
+    def on_node(self, rank: RankSpec) -> list[RankSpec]:
+        """The ranks of ``rank``'s node (``rank`` too), by local rank."""
+        return [r for r in self.on_host(rank.task.host) if r.node_rank == rank.node_rank]
 
     def hosts(self) -> list[tuple[str, int]]:
-        """Each host of :attr:`ranks` with its number of ranks, in node-rank order."""
+        """Each host of :attr:`ranks` with its number of ranks, in host order."""
         seen: dict[str, int] = {}
         for r in self.ranks:
             seen[r.task.host] = seen.get(r.task.host, 0) + 1
         return list(seen.items())
 
+    def node_name(self, rank: RankSpec) -> str:
+        """The name of ``rank``'s node (Horovod's ``HOROVOD_HOSTNAME``): its host, or where
+        nodes are tasks, its host and the node's place among the host's nodes (see
+        :func:`node_name`)."""
+        if self.nodes == "host":
+            return rank.task.host
+        # A host's nodes are contiguous in node order: its first rank is on its first node.
+        first = self.on_host(rank.task.host)[0].node_rank
+        return node_name(rank.task.host, self.nodes, rank.node_rank - first)
 
-def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
+
+def node_name(host: str, nodes: str, position: int) -> str:
+    """The name of the node at ``position`` among ``host``'s nodes under the rule ``nodes``
+    (``"host"`` or ``"task"``): the host, or ``host-<position>``. It names Horovod's
+    rendezvous scopes, so no ``/``; and rank 0's task rebuilds every name from each host's
+    node sizes (see :mod:`sparktrain.rendezvous`)."""
+    return host if nodes == "host" else f"{host}-{position}"
+
+
+def node_rule(infos: Sequence[TaskInfo], node: str = "auto", use_gpu: bool | None = None) -> str:
+    """What a node is for these tasks: ``"host"`` or ``"task"``.
+
+    The rule, for the whole job: with ``node="auto"`` every host is a node (its ranks count
+    ``LOCAL_RANK`` 0, 1, ... and see the host's GPUs in that order), except where two tasks
+    on one host report the same GPU id (:func:`shared_gpu_ids`: each task numbers its own
+    GPUs from 0, as containers do), which cannot make one device numbering: then every Spark
+    task is a node, as under TorchDistributor (torchrun per task). ``"host"`` and ``"task"``
+    choose; with ``use_gpu=False`` nothing is numbered, so ``"auto"`` is ``"host"``.
+
+    Args:
+        infos: every task's hello.
+        node: the ``node`` setting: auto, host or task.
+        use_gpu: the ``use_gpu`` setting.
+    """
+    if node in ("host", "task"):
+        return node
+    if use_gpu is False:
+        return "host"
+    by_host: dict[str, list[TaskInfo]] = {}
+    for info in infos:
+        by_host.setdefault(info.host, []).append(info)
+    return "task" if any(shared_gpu_ids(tasks) for tasks in by_host.values()) else "host"
+
+
+def build_cluster_spec(
+    infos: Sequence[TaskInfo], node: str = "auto", use_gpu: bool | None = None
+) -> ClusterSpec:
     """Map what the tasks said of themselves at rendezvous to ranks.
 
     Hosts are numbered in order of their lowest task index; ranks are contiguous per host and,
     inside a host, follow task index. Task 0 is therefore always rank 0, and its host and port
-    are the master's.
+    are the master's. Nodes (hosts, or tasks: :func:`node_rule`) are numbered in rank order,
+    so ``RANK`` is the ranks of the nodes before plus ``LOCAL_RANK``, as under torchrun.
 
     Args:
         infos: one entry per task, in any order; indices must be 0 .. n-1 exactly once.
+        node: the ``node`` setting (see :func:`node_rule`).
+        use_gpu: the ``use_gpu`` setting.
 
     Returns:
         The ClusterSpec every task derives identically.
@@ -193,29 +271,49 @@ def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
     ordered = sorted(infos, key=lambda i: i.index)
     if [i.index for i in ordered] != list(range(len(ordered))) or not ordered:
         raise SparkTrainError(f"rendezvous got task indices {[i.index for i in ordered]}")
+    nodes = node_rule(ordered, node, use_gpu)
     by_host: dict[str, list[TaskInfo]] = {}
     for info in ordered:
         by_host.setdefault(info.host, []).append(info)
-    sizes = [len(tasks) for tasks in by_host.values()]
-    # Horovod's cross ranks: for each local rank, the hosts that have one, in node order.
+    # Nodes in rank order: a host's tasks follow task index, and a task's slots are in order.
+    by_node: list[list[TaskInfo]] = []
+    host_nodes: list[tuple[str, tuple[int, ...]]] = []
+    for host, tasks in by_host.items():
+        on_host: dict[int, list[TaskInfo]] = {}
+        for info in tasks:
+            on_host.setdefault(info.first_index if nodes == "task" else 0, []).append(info)
+        by_node.extend(on_host.values())
+        host_nodes.append((host, tuple(len(members) for members in on_host.values())))
+    sizes = [len(tasks) for tasks in by_node]
+    # Horovod's cross ranks: for each local rank, the nodes that have one, in node order.
     with_local: dict[int, list[int]] = {}
     for node_rank, size in enumerate(sizes):
         for local_rank in range(size):
             with_local.setdefault(local_rank, []).append(node_rank)
+    # task index -> (node rank, local rank)
+    place = {
+        info.index: (node_rank, local_rank)
+        for node_rank, tasks in enumerate(by_node)
+        for local_rank, info in enumerate(tasks)
+    }
     ranks: list[RankSpec] = []
-    for node_rank, tasks in enumerate(by_host.values()):
-        for local_rank, info in enumerate(tasks):
-            nodes = with_local[local_rank]
+    for host_rank, tasks in enumerate(by_host.values()):
+        for host_local_rank, info in enumerate(tasks):
+            node_rank, local_rank = place[info.index]
+            holders = with_local[local_rank]
             ranks.append(
                 RankSpec(
                     rank=len(ranks),
                     local_rank=local_rank,
-                    local_world_size=len(tasks),
+                    local_world_size=sizes[node_rank],
                     node_rank=node_rank,
+                    host_rank=host_rank,
+                    host_local_rank=host_local_rank,
+                    host_local_size=len(tasks),
                     task=info,
-                    # Hosts come in node order, so a host's position is found by bisection.
-                    cross_rank=bisect.bisect_left(nodes, node_rank),
-                    cross_size=len(nodes),
+                    # Nodes come in order, so a node's position is found by bisection.
+                    cross_rank=bisect.bisect_left(holders, node_rank),
+                    cross_size=len(holders),
                 )
             )
     master = ranks[0].task
@@ -226,7 +324,9 @@ def build_cluster_spec(infos: Sequence[TaskInfo]) -> ClusterSpec:
         world_size=len(ranks),
         num_nodes=len(sizes),
         first=ranks[0],
-        host_sizes=tuple(zip(by_host, sizes, strict=True)),
+        host_nodes=tuple(host_nodes),
+        num_hosts=len(by_host),
+        nodes=nodes,
     )
 
 
@@ -240,6 +340,21 @@ def shared_gpu_ids(tasks: Sequence[TaskInfo]) -> bool:
             return True
         seen |= set(task.gpus)
     return False
+
+
+def gpu_numbering_clash(tasks: Sequence[TaskInfo]) -> tuple[TaskInfo, TaskInfo, str] | None:
+    """Two tasks on one host that report the same GPU id, with the id; or None.
+
+    Such tasks number their GPUs each on their own (see :func:`shared_gpu_ids`), so the ranks
+    of their host cannot be one node with one device numbering.
+    """
+    seen: dict[tuple[str, str], TaskInfo] = {}
+    for task in sorted(tasks, key=lambda t: t.index):
+        for gpu in task.gpus:
+            other = seen.setdefault((task.host, gpu), task)
+            if other.first_index != task.first_index:
+                return other, task, gpu
+    return None
 
 
 def gpu_double_booking(tasks: Sequence[TaskInfo]) -> str | None:

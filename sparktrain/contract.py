@@ -17,7 +17,8 @@ from collections.abc import Mapping
 # -- what every worker process gets from its supervisor ----------------------------------------
 # The pickled function and arguments.
 PAYLOAD_ENV = "_SPARKTRAIN_PAYLOAD"
-# Where rank 0 writes its pickled result (unset on other ranks).
+# Where a rank writes its pickled result: rank 0's, and every rank's for ``run_all`` (unset on
+# ranks whose value is not asked for).
 RESULT_ENV = "_SPARKTRAIN_RESULT"
 # Where a rank writes its JSON error record when it fails in Python.
 ERROR_ENV = "_SPARKTRAIN_ERROR"
@@ -39,6 +40,8 @@ USE_GPU_ENV = "_SPARKTRAIN_USE_GPU"
 # The address of the rank's host, and of rank 0's, as the tasks gave them at rendezvous.
 HOST_ENV = "_SPARKTRAIN_HOST"
 RANK0_HOST_ENV = "_SPARKTRAIN_RANK0_HOST"
+# The number of hosts the ranks run on (LOCAL_WORLD_SIZE counts a node, which may be a task).
+NUM_HOSTS_ENV = "_SPARKTRAIN_NUM_HOSTS"
 # The run's start_timeout: how long a rank waits for its peers where they meet on their own
 # (a directory declared shared, see sparktrain.worker.shared_paths).
 START_TIMEOUT_ENV = "_SPARKTRAIN_START_TIMEOUT"
@@ -65,18 +68,36 @@ HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"
 # The fd of the Unix socket a zygote serves its owner on, and its idle lifetime in seconds.
 ZYGOTE_FD_ENV = "_SPARKTRAIN_ZYGOTE_FD"
 ZYGOTE_IDLE_ENV = "_SPARKTRAIN_ZYGOTE_IDLE"
-# Where a rank is: what torch.distributed's env:// rendezvous and launchers read.
-PLACE_VARIABLES = frozenset(
+# torchrun's one role: every rank's ROLE_NAME.
+ROLE_NAME = "default"
+# Where a rank is: what torch.distributed's env:// rendezvous and launchers read, with the
+# variables torchrun sets beside them (which make frameworks recognise a torchrun launch).
+TORCHRUN_VARIABLES = frozenset(
     {
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
+        "GROUP_WORLD_SIZE",
+        "ROLE_NAME",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_USE_AGENT_STORE",
     }
+)
+PLACE_VARIABLES = (
+    frozenset(
+        {
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "NODE_RANK",
+            "GROUP_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        }
+    )
+    | TORCHRUN_VARIABLES
 )
 # Variables a rank reads only once its function runs (when CUDA, a process group, NCCL, Gloo
 # or Horovod first start), so a rank forked from a zygote may get them after the fork. Every
@@ -104,6 +125,11 @@ OMPI_SIZE_ENV = "OMPI_COMM_WORLD_SIZE"
 # -- files in a task's own folder (not the ranks' working directory) ---------------------------
 PAYLOAD_FILE = "payload.pkl"
 RESULT_FILE = "result.pkl"
+
+
+def result_file_name(rank: int) -> str:
+    """The file a rank writes its pickled result to (rank 0's is :data:`RESULT_FILE`)."""
+    return RESULT_FILE if rank == 0 else f"result-{rank}.pkl"
 
 
 def error_file_name(rank: int) -> str:

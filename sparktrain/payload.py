@@ -21,7 +21,8 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    """A size for a message: in MiB, or in bytes where MiB would round it to nothing."""
+    return f"{n / (1 << 20):.1f} MiB" if n >= 100 << 10 else f"{n} bytes"
 
 
 def _captured(fn: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
@@ -127,7 +128,7 @@ def load_call(data: bytes) -> tuple[Callable[..., Any], tuple[Any, ...], dict[st
 
 
 class ResultTooLargeError(PayloadError):
-    """Rank 0's result pickled, but to more than the limit.
+    """A rank's result pickled, but to more than the limit.
 
     Attributes:
         data: the pickle, so that it can be kept rather than lost.
@@ -138,8 +139,13 @@ class ResultTooLargeError(PayloadError):
         self.data = data
 
 
-def dump_result(value: Any, limit: int) -> bytes:
-    """Pickle rank 0's return value.
+def dump_result(value: Any, limit: int, rank: int = 0) -> bytes:
+    """Pickle a rank's return value.
+
+    Args:
+        value: what the function returned.
+        limit: the most bytes its pickle may have.
+        rank: the rank that returned it, for the errors.
 
     Raises:
         PayloadError: if it cannot be pickled.
@@ -149,13 +155,13 @@ def dump_result(value: Any, limit: int) -> bytes:
         data = cloudpickle.dumps(value, protocol=_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - re-raised with context
         raise PayloadError(
-            f"rank 0 returned a {_type_name(value)} that cannot be pickled "
+            f"rank {rank} returned a {_type_name(value)} that cannot be pickled "
             f"({type(exc).__name__}: {exc}); return plain data (numbers, dicts, tensors, "
             "a state_dict) instead"
         ) from exc
     if len(data) > limit:
         raise ResultTooLargeError(
-            f"rank 0's return value pickles to {_mib(len(data))}, over the limit of "
+            f"rank {rank}'s return value pickles to {_mib(len(data))}, over the limit of "
             f"{_mib(limit)} (max_result_bytes / spark.sparktrain.maxResultBytes); save large "
             "results to storage (e.g. sparktrain.checkpoint.save) and return the path",
             data,
@@ -241,9 +247,9 @@ def load_kept(path: str | os.PathLike[str]) -> Any:
         return pickle.loads(fh.read())
 
 
-def kept_result_name(run_id: str, attempt: int) -> str:
-    """The name :func:`keep_result` gives rank 0's result of ``attempt`` (0-based) of a run."""
-    return f"{run_id}-attempt{attempt + 1}-rank0"
+def kept_result_name(run_id: str, attempt: int, rank: int = 0) -> str:
+    """The name :func:`keep_result` gives ``rank``'s result of ``attempt`` (0-based) of a run."""
+    return f"{run_id}-attempt{attempt + 1}-rank{rank}"
 
 
 def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) -> str:

@@ -5,7 +5,8 @@ Once every task has said hello, the driver computes the whole layout with
 :func:`~sparktrain.cluster.build_cluster_spec` (:func:`plan`) and sends each connection one
 ``go`` (:func:`go_messages`), sized by the ranks of its own host, not by the job:
 
-* ``world_size``, ``num_nodes``: the job's size, in ranks and hosts;
+* ``world_size``, ``num_nodes``, ``num_hosts``: the job's size, in ranks, nodes and hosts;
+* ``nodes``: what a node is (``"host"`` or ``"task"``, see :func:`~sparktrain.cluster.node_rule`);
 * ``master_addr``, ``master_port``: rank 0's host and the port its task offered;
 * ``first``: rank 0's entry (a rank entry, below): where its task runs and on which
   interfaces (the master's address moves to the chosen interface);
@@ -13,8 +14,9 @@ Once every task has said hello, the driver computes the whole layout with
   for (a Spark task: its host; the local supervisor: every rank), or for every rank of the
   job where a task needs the whole layout (rank 0's task under ``launcher="mpi"``, which
   runs mpirun for every host);
-* ``hosts``: ``[[host, number of ranks], ...]`` for every host in node order, to rank 0's
-  task only (Horovod's rendezvous server is sized by it); ``[]`` elsewhere;
+* ``host_nodes``: ``[[host, [ranks of each of its nodes, ...]], ...]`` for every host in
+  node order, to rank 0's task only (Horovod's rendezvous server is sized by it, and the
+  nodes' names follow from it: O(hosts + nodes) small numbers); ``[]`` elsewhere;
 * ``probing``: whether the interface is chosen by probes (the ranks span hosts and every
   task listens for probes): every task then waits for ``chosen``;
 * ``probe``: the tasks this connection's task probes, ``[{"index", "host", "port",
@@ -22,8 +24,8 @@ Once every task has said hello, the driver computes the whole layout with
   :func:`probe_targets`); ``[]`` for a task that is not its host's prober. A prober sends
   ``probed`` (interface name -> indices of the probed tasks that answered) once.
 
-A rank entry is ``{"rank", "local_rank", "local_world_size", "node_rank", "cross_rank",
-"cross_size", "task"}``, its ``task`` a TaskInfo as JSON. Where the entries of one ``go``
+A rank entry is ``{"rank", "local_rank", "local_world_size", "node_rank", "host_rank",
+"host_local_rank", "host_local_size", "cross_rank", "cross_size", "task"}``, its ``task`` a TaskInfo as JSON. Where the entries of one ``go``
 would not fit a frame, ``layout`` messages (``ranks``: a list of rank entries) come first on
 the same connection, and the ``go`` carries the rest: a task joins them in order
 (:class:`GoAssembler`); :func:`view_of` turns a whole ``go`` into the task's
@@ -55,7 +57,7 @@ class Layout:
 
     Attributes:
         spec: the whole ClusterSpec.
-        probers: by node rank, the index of the task that probes for that host (its lowest).
+        probers: by host rank, the index of the task that probes for that host (its lowest).
         probing: whether the interface is chosen by probes.
         whole_for_rank0: whether rank 0's task is sent every rank (``launcher="mpi"``).
     """
@@ -87,28 +89,35 @@ class Layout:
         return [self.spec.ranks[self.rank_of(i)].task for i in self.probers]
 
 
-def plan(tasks: Sequence[TaskInfo], whole_for_rank0: bool = False) -> Layout:
+def plan(
+    tasks: Sequence[TaskInfo],
+    whole_for_rank0: bool = False,
+    node: str = "auto",
+    use_gpu: bool | None = None,
+) -> Layout:
     """The layout of ``tasks`` (every task's hello), with its probers.
 
     Args:
         tasks: one TaskInfo per slot, indices 0 .. n-1.
         whole_for_rank0: send rank 0's task every rank (it launches every host's ranks).
+        node: the ``node`` setting (see :func:`~sparktrain.cluster.node_rule`).
+        use_gpu: the ``use_gpu`` setting.
     """
-    spec = build_cluster_spec(tasks)
-    # A host's prober is the task of its local rank 0 (ranks follow task index on a host).
-    probers = tuple(r.task.first_index for r in spec.ranks if r.local_rank == 0)
-    probing = spec.num_nodes > 1 and all(r.task.probe_port for r in spec.ranks)
+    spec = build_cluster_spec(tasks, node, use_gpu)
+    # A host's prober is the task of its first rank (ranks follow task index on a host).
+    probers = tuple(r.task.first_index for r in spec.ranks if r.host_local_rank == 0)
+    probing = spec.num_hosts > 1 and all(r.task.probe_port for r in spec.ranks)
     by_index = {r.task.index: r.rank for r in spec.ranks}
     return Layout(spec, probers, probing, whole_for_rank0, by_index)
 
 
 def _host_ranks(spec: ClusterSpec, first: RankSpec) -> Sequence[RankSpec]:
-    """The ranks of ``first``'s host, ``first`` being its local rank 0 (ranks are contiguous)."""
-    return spec.ranks[first.rank : first.rank + first.local_world_size]
+    """The ranks of ``first``'s host, ``first`` being its first rank (ranks are contiguous)."""
+    return spec.ranks[first.rank : first.rank + first.host_local_size]
 
 
-def probe_targets(num_hosts: int, node: int) -> list[int]:
-    """The hosts (node ranks) that host ``node``'s prober probes.
+def probe_targets(num_hosts: int, host: int) -> list[int]:
+    """The hosts (host ranks) that host ``host``'s prober probes.
 
     Every other host while there are at most :data:`FULL_MESH_HOSTS`; beyond, the next 8
     hosts round the ring and those 16, 32, 64, ... ahead: each host probes and is probed
@@ -117,18 +126,18 @@ def probe_targets(num_hosts: int, node: int) -> list[int]:
     outside the sample is not tested.
     """
     if num_hosts <= FULL_MESH_HOSTS:
-        return [h for h in range(num_hosts) if h != node]
+        return [h for h in range(num_hosts) if h != host]
     steps = list(range(1, 9))
     step = 16
     while step < num_hosts:
         steps.append(step)
         step *= 2
-    return sorted({(node + s) % num_hosts for s in steps} - {node})
+    return sorted({(host + s) % num_hosts for s in steps} - {host})
 
 
 def probe_plan(num_hosts: int) -> dict[int, list[int]]:
-    """Every host's probe targets (see :func:`probe_targets`), by node rank."""
-    return {node: probe_targets(num_hosts, node) for node in range(num_hosts)}
+    """Every host's probe targets (see :func:`probe_targets`), by host rank."""
+    return {host: probe_targets(num_hosts, host) for host in range(num_hosts)}
 
 
 def rank_entry(rank: RankSpec) -> dict[str, Any]:
@@ -138,6 +147,9 @@ def rank_entry(rank: RankSpec) -> dict[str, Any]:
         "local_rank": rank.local_rank,
         "local_world_size": rank.local_world_size,
         "node_rank": rank.node_rank,
+        "host_rank": rank.host_rank,
+        "host_local_rank": rank.host_local_rank,
+        "host_local_size": rank.host_local_size,
         "cross_rank": rank.cross_rank,
         "cross_size": rank.cross_size,
         "task": rank.task.as_dict(),
@@ -151,6 +163,9 @@ def rank_of_entry(entry: Mapping[str, Any]) -> RankSpec:
         local_rank=int(entry["local_rank"]),
         local_world_size=int(entry["local_world_size"]),
         node_rank=int(entry["node_rank"]),
+        host_rank=int(entry["host_rank"]),
+        host_local_rank=int(entry["host_local_rank"]),
+        host_local_size=int(entry["host_local_size"]),
         task=TaskInfo.from_json(entry["task"]),
         cross_rank=int(entry.get("cross_rank", 0)),
         cross_size=int(entry.get("cross_size", 1)),
@@ -179,14 +194,14 @@ def go_messages(layout: Layout, slots: Sequence[int]) -> list[dict[str, Any]]:
     if holds_rank0 and layout.whole_for_rank0:
         ranks: Sequence[RankSpec] = spec.ranks
     else:
-        firsts = sorted({r.rank - r.local_rank for r in mine})
+        firsts = sorted({r.rank - r.host_local_rank for r in mine})
         ranks = [r for first in firsts for r in _host_ranks(spec, spec.ranks[first])]
     targets: list[dict[str, Any]] = []
     if layout.probing:
-        probing_for = {r.node_rank for r in mine if layout.probers[r.node_rank] in slots}
-        wanted = sorted({t for node in probing_for for t in probe_targets(spec.num_nodes, node)})
-        for node in wanted:
-            target = spec.ranks[layout.rank_of(layout.probers[node])].task
+        probing_for = {r.host_rank for r in mine if layout.probers[r.host_rank] in slots}
+        wanted = sorted({t for host in probing_for for t in probe_targets(spec.num_hosts, host)})
+        for host in wanted:
+            target = spec.ranks[layout.rank_of(layout.probers[host])].task
             targets.append(_target(target))
     messages: list[dict[str, Any]] = []
     chunk: list[dict[str, Any]] = []
@@ -198,16 +213,18 @@ def go_messages(layout: Layout, slots: Sequence[int]) -> list[dict[str, Any]]:
             chunk, size = [], 0
         chunk.append(entry)
         size += cost
-    hosts = [list(h) for h in spec.host_sizes] if holds_rank0 else []
+    host_nodes = [[host, list(sizes)] for host, sizes in spec.host_nodes] if holds_rank0 else []
     messages.append(
         protocol.GO(
             world_size=spec.world_size,
             num_nodes=spec.num_nodes,
+            num_hosts=spec.num_hosts,
+            nodes=spec.nodes,
             master_addr=spec.master_addr,
             master_port=spec.master_port,
             first=layout.entry(spec.first)[0],
             ranks=chunk,
-            hosts=hosts,
+            host_nodes=host_nodes,
             probing=layout.probing,
             probe=targets,
         )
@@ -222,11 +239,17 @@ def whole_for_rank0(launcher: str | None) -> bool:
 
 
 def go_for(
-    tasks: Sequence[TaskInfo], slots: Sequence[int], probing: bool, launcher: str | None
+    tasks: Sequence[TaskInfo],
+    slots: Sequence[int],
+    probing: bool,
+    launcher: str | None,
+    node: str = "auto",
+    use_gpu: bool | None = None,
 ) -> dict[str, Any]:
     """The ``go`` of tasks ``slots``, computed where every task's info is at hand (a task
     that gathered them itself, without a driver), merged into one message."""
-    layout = dataclasses.replace(plan(tasks, whole_for_rank0(launcher)), probing=probing)
+    layout = plan(tasks, whole_for_rank0(launcher), node, use_gpu)
+    layout = dataclasses.replace(layout, probing=probing)
     assembler = GoAssembler()
     for message in go_messages(layout, slots):
         assembler.add(message)
@@ -286,7 +309,11 @@ def view_of(go: Mapping[str, Any]) -> TaskView:
         world_size=int(go["world_size"]),
         num_nodes=int(go["num_nodes"]),
         first=rank_of_entry(go["first"]),
-        host_sizes=tuple((str(h), int(n)) for h, n in go.get("hosts", ())),
+        host_nodes=tuple(
+            (str(host), tuple(int(n) for n in sizes)) for host, sizes in go.get("host_nodes", ())
+        ),
+        num_hosts=int(go["num_hosts"]),
+        nodes=str(go["nodes"]),
     )
     probe = tuple(TaskInfo.from_json(t) for t in go.get("probe", ()))
     return TaskView(spec=spec, probing=bool(go.get("probing")), probe=probe)

@@ -165,6 +165,49 @@ class SparkRunner:
         (``sparktrain.checkpoint.load_latest``); ``sparktrain.attempt()`` tells which attempt
         it is in. ``restart_on_user_error=True`` restarts after exceptions too.
         """
+        return self._call(fn, args, kwargs, all_ranks=False)
+
+    def run_all(
+        self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return every rank's value, by rank.
+
+        The same as :meth:`run` (checks, restarts, script paths, errors), but the result is
+        a list of ``world_size`` values, item ``i`` being what rank ``i`` returned (None for a
+        rank that returned nothing, and for every rank of a script). ``max_result_bytes``
+        limits the ranks' pickled values together: what does not fit is kept on its rank's
+        host (and what did reach the driver, on the driver), and the error names every file
+        (``sparktrain.load_kept`` reads one back).
+
+        Example:
+            >>> def where():
+            ...     import os, sparktrain
+            ...     return sparktrain.rank(), os.getpid()
+            >>> SparkRunner(np=-2).run_all(where)
+            [(0, 41211), (1, 41212)]
+
+        Raises:
+            PayloadError: as :meth:`run`, for any rank's result (the rank is named), or the
+                ranks' results together are larger than ``max_result_bytes``.
+            ConfigurationError: ``launcher="mpi"``, which returns rank 0's value alone.
+            CapacityError, WorkerFailedError, RendezvousTimeoutError, RunTimeoutError: as
+                :meth:`run`.
+        """
+        values: list[Any] = self._call(fn, args, kwargs, all_ranks=True)
+        return values
+
+    def _call(
+        self,
+        fn: Callable[..., Any] | str | os.PathLike[str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        all_ranks: bool,
+    ) -> Any:
+        """One run, blocking until it ends: rank 0's value, or every rank's (``all_ranks``).
+
+        Everything about the call lives here (nothing on ``self`` but :attr:`last_run`), so
+        several calls may run at once from threads of one runner.
+        """
         name = getattr(fn, "__name__", "function")
         if isinstance(fn, (str, os.PathLike)):
             if kwargs:
@@ -180,6 +223,11 @@ class SparkRunner:
             check_call(fn, args, kwargs)
         session = None if self.np < 0 else self._session()
         config = self._resolve(session)
+        if all_ranks and config.launcher == "mpi":
+            raise ConfigurationError(
+                "run_all returns every rank's value, which launcher='mpi' does not bring back "
+                "(it returns rank 0's alone): use run(), or the default launcher (launcher=None)"
+            )
         get_backend(config.backend).check(config)
         per_task = 1
         if session is not None:
@@ -219,6 +267,7 @@ class SparkRunner:
             payload=payload,
             hook=hook,
             ranks_per_task=per_task,
+            all_ranks=all_ranks,
         )
         attempts = Attempts(
             session, config, job, name, record, progress, tracker, self._channel_hook, plan

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from sparktrain import contract
-from sparktrain.cluster import ClusterSpec, RankSpec, shared_gpu_ids
+from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 
 
@@ -58,28 +58,31 @@ class Backend(abc.ABC):
 def visible_devices(spec: ClusterSpec, rank: RankSpec) -> list[str]:
     """GPU addresses a rank sees, ordered so that device ``local_rank`` is its own.
 
-    Every rank on a host sees the GPUs of all ranks on that host, ordered by local rank, so
-    both ``cuda:{LOCAL_RANK}`` (DDP tutorials) and ``hvd.local_rank()`` pinning select the GPU
-    Spark assigned to this rank. A task that holds k GPUs runs k ranks, one per GPU, each a
-    slot of its own here, so the same holds for it. Where tasks on one host report the same
-    GPU id (containers that each number their GPUs from 0), each rank sees its own task's
-    GPUs only, in slot order, since "0,0" would read as no GPU at all; such layouts pin by
-    ``torch.cuda.current_device()`` (set by the worker) instead.
+    Every rank sees the GPUs of all ranks of its node (its host, or its Spark task: see
+    :func:`~sparktrain.cluster.node_rule`), ordered by local rank, so both
+    ``cuda:{LOCAL_RANK}`` (DDP tutorials, and every framework that picks its device from the
+    local rank) and ``hvd.local_rank()`` pinning select the GPU Spark assigned to this rank.
+    A task that holds k GPUs runs k ranks, one per GPU, each a slot of its own here, so the
+    same holds for it. Where a node's ids are not one numbering (``node="host"`` on tasks
+    that each number their GPUs from 0, which the driver refuses), a rank sees its own task's
+    GPUs only, since "0,0" would read as no GPU at all, and pins by
+    ``torch.cuda.current_device()`` (set by the worker).
     """
-    peers = spec.on_host(rank.task.host)
-    if shared_gpu_ids([peer.task for peer in peers]):
-        # The tasks number their GPUs each on their own (separate containers): a rank sees
-        # the GPUs of its own Spark task, as device 0 onwards.
+    peers = spec.on_node(rank)
+    devices = [gpu for peer in peers for gpu in peer.task.gpus]
+    if len(set(devices)) < len(devices):
         mine = [p for p in peers if p.task.first_index == rank.task.first_index]
-        return [gpu for peer in sorted(mine, key=lambda p: p.task.slot) for gpu in peer.task.gpus]
-    devices: list[str] = []
-    for peer in peers:
-        devices.extend(peer.task.gpus)
+        return [gpu for peer in mine for gpu in peer.task.gpus]
     return devices
 
 
 def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, str]:
-    """Variables every rank gets whatever the backend: its place, threads and devices."""
+    """Variables every rank gets whatever the backend: its place, threads and devices.
+
+    The place is torchrun's (with one role, ``default``, so a role's ranks are the job's):
+    frameworks that know torchrun read their world from it. ``LOCAL_*``, ``NODE_RANK`` and
+    ``GROUP_*`` count nodes as :func:`~sparktrain.cluster.node_rule` says.
+    """
     env = {
         "RANK": str(rank.rank),
         "WORLD_SIZE": str(spec.world_size),
@@ -87,9 +90,17 @@ def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, 
         "LOCAL_WORLD_SIZE": str(rank.local_world_size),
         "NODE_RANK": str(rank.node_rank),
         "GROUP_RANK": str(rank.node_rank),
+        "GROUP_WORLD_SIZE": str(spec.num_nodes),
+        "ROLE_NAME": contract.ROLE_NAME,
+        "ROLE_RANK": str(rank.rank),
+        "ROLE_WORLD_SIZE": str(spec.world_size),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        # The process group's store is rank 0's own, as with torchrun's static rendezvous.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "OMP_NUM_THREADS": str(max(1, rank.task.cpus)),
         contract.HOST_ENV: rank.task.host,
         contract.RANK0_HOST_ENV: spec.master_addr,
+        contract.NUM_HOSTS_ENV: str(spec.num_hosts),
     }
     own_gpus = rank.task.gpus
     if config.use_gpu is False or not own_gpus:
@@ -99,6 +110,16 @@ def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, 
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
         env[contract.DEVICE_INDEX_ENV] = str(visible.index(own_gpus[0]))
     return env
+
+
+def attempt_env(run_id: str, attempt: int) -> dict[str, str]:
+    """torchrun's variables for one launch of a run, the same on every rank: its id (kept by
+    restarts) and the number of restarts before it.
+
+    ``TORCHELASTIC_RUN_ID`` is what Lightning and ``torch.distributed.is_torchelastic_launched``
+    look for to read the ranks' world from torchrun's variables.
+    """
+    return {"TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": str(attempt)}
 
 
 def interface_env(rank: RankSpec) -> dict[str, str]:

@@ -15,7 +15,11 @@ rank uses the same implementation.
 (``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``), in three scopes: ``global``, ``local_<hostname>`` and
 ``cross_<local_rank>``. :meth:`HorovodBackend.prepare` starts that store (the one
 ``horovodrun --gloo`` starts) where rank 0 runs, sized by the same plan :func:`horovod_slots`
-derives from the ClusterSpec, so Horovod's ranks are exactly sparktrain's ``RANK``.
+derives from the ClusterSpec, so Horovod's ranks are exactly sparktrain's ``RANK``. Horovod's
+"hosts" are sparktrain's nodes (:func:`~sparktrain.cluster.node_rule`): where every Spark task
+is a node, each task is a host of its own to Horovod, so ``hvd.local_rank()`` is
+``LOCAL_RANK``. mpirun counts ranks per host whatever it is told, so ``launcher="mpi"`` is
+refused where nodes are tasks.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
 from sparktrain.backends.torch import COLLECTIVE_DEFAULTS
 from sparktrain.cluster import ClusterSpec, RankSpec
-from sparktrain.config import RunConfig, conf_key
+from sparktrain.config import MPI_TASK_NODES, RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
 
 LAUNCHERS = (None, "gloo", "mpi")
@@ -57,13 +61,13 @@ class HorovodSlot:
     """One rank's place in Horovod's terms (the fields of Horovod's ``SlotInfo``).
 
     Attributes:
-        hostname: the host's name in rendezvous scopes (``local_<hostname>``).
+        hostname: the node's name in rendezvous scopes (``local_<hostname>``).
         rank: global rank, the same as sparktrain's ``RANK``.
         size: number of ranks.
-        local_rank: index among the ranks on the same host.
-        local_size: number of ranks on that host.
-        cross_rank: index of this host among the hosts that have a rank with this local rank.
-        cross_size: number of hosts that have a rank with this local rank.
+        local_rank: index among the ranks of the same node (``LOCAL_RANK``).
+        local_size: number of ranks of that node.
+        cross_rank: index of this node among the nodes that have a rank with this local rank.
+        cross_size: number of nodes that have a rank with this local rank.
     """
 
     hostname: str
@@ -88,27 +92,27 @@ class HorovodSlot:
 
 
 def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
-    """Every rank's Horovod fields, in global-rank order, from the job's hosts.
+    """Every rank's Horovod fields, in global-rank order, from the job's nodes.
 
     This is what Horovod's ``get_host_assignments`` computes for the host list
-    ``host0:n0,host1:n1,...`` in node-rank order: ranks contiguous per host, ``cross_rank`` the
-    position of the host among the hosts that have a rank with the same local rank (hosts in
-    node-rank order) and ``cross_size`` the number of those hosts. It needs the host list
-    (:attr:`~sparktrain.cluster.ClusterSpec.host_sizes`, which rank 0's task holds, where
+    ``node0:n0,node1:n1,...`` in node-rank order: ranks contiguous per node, ``cross_rank``
+    the position of the node among the nodes that have a rank with the same local rank (in
+    node-rank order) and ``cross_size`` the number of those nodes. It needs the node list
+    (:attr:`~sparktrain.cluster.ClusterSpec.node_sizes`, which rank 0's task holds, where
     Horovod's rendezvous server is sized); one rank's fields are :func:`horovod_slot`'s.
 
     Raises:
-        SparkTrainError: when ``spec`` does not hold the job's host list (a bug).
+        SparkTrainError: when ``spec`` does not hold the job's node list (a bug).
     """
-    if sum(size for _, size in spec.host_sizes) != spec.world_size:
-        raise SparkTrainError(f"ClusterSpec hosts {spec.host_sizes} do not make the job")
+    if sum(size for _, size in spec.node_sizes) != spec.world_size:
+        raise SparkTrainError(f"ClusterSpec nodes {spec.node_sizes} do not make the job")
     with_local: dict[int, list[str]] = {}
-    for host, size in spec.host_sizes:
+    for host, size in spec.node_sizes:
         for local_rank in range(size):
             with_local.setdefault(local_rank, []).append(host)
     with_local_before: dict[int, list[str]] = {local_rank: [] for local_rank in with_local}
     slots: list[HorovodSlot] = []
-    for host, size in spec.host_sizes:
+    for host, size in spec.node_sizes:
         for local_rank in range(size):
             peers = with_local[local_rank]
             slots.append(
@@ -118,7 +122,7 @@ def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
                     size=spec.world_size,
                     local_rank=local_rank,
                     local_size=size,
-                    # Hosts are appended in node order: this host is the last one so far.
+                    # Nodes are appended in order: this node is the last one so far.
                     cross_rank=len(with_local_before[local_rank]),
                     cross_size=len(peers),
                 )
@@ -135,7 +139,7 @@ def horovod_slot(spec: ClusterSpec, rank: RankSpec) -> HorovodSlot:
     (:func:`~sparktrain.cluster.build_cluster_spec`).
     """
     return HorovodSlot(
-        hostname=rank.task.host,
+        hostname=spec.node_name(rank),
         rank=rank.rank,
         size=spec.world_size,
         local_rank=rank.local_rank,
@@ -204,10 +208,10 @@ def gloo_name_problem(spec: ClusterSpec) -> str | None:
     first collective aborts with "connect [127.0.0.1]: Connection refused" on some ranks and
     the others wait in ``hvd.init()``. So such hosts are refused before any rank starts.
     """
-    if spec.num_nodes < 2:
+    if spec.num_hosts < 2:
         return None  # one host: loopback reaches every rank
     bad = []
-    for first in (r for r in spec.ranks if r.local_rank == 0):
+    for first in (r for r in spec.ranks if r.host_local_rank == 0):
         host, task = first.task.host, first.task
         if task.name_address is None:
             continue  # not reported
@@ -293,7 +297,11 @@ class HorovodBackend(Backend):
 
     def layout_problem(self, spec: ClusterSpec, config: RunConfig) -> str | None:
         """Hosts whose name resolves to loopback, for Horovod's own Gloo (see
-        :func:`gloo_name_problem`); mpirun and the built-in ``horovod.torch`` do not care."""
+        :func:`gloo_name_problem`); mpirun and the built-in ``horovod.torch`` do not care.
+        Under mpirun, nodes that are tasks (see
+        :data:`~sparktrain.config.MPI_TASK_NODES`)."""
+        if config.launcher == "mpi" and spec.nodes == "task":
+            return f"{MPI_TASK_NODES} (here by node='auto': tasks on one host number their GPUs)"
         if config.launcher == "mpi" or builtin_reason(config) is not None:
             return None
         return gloo_name_problem(spec)
@@ -354,6 +362,10 @@ class HorovodBackend(Backend):
             {
                 ADDR_KEY: shared[ADDR_KEY],
                 PORT_KEY: shared[PORT_KEY],
+                # As under torchrun: a free port of rank 0's host, for torch.distributed
+                # (env://) beside Horovod.
+                "MASTER_ADDR": spec.master_addr,
+                "MASTER_PORT": str(spec.master_port),
                 "HOROVOD_CONTROLLER": "gloo",
                 "HOROVOD_CPU_OPERATIONS": "gloo",
                 # Horovod waits 30 s by default for peers at hvd.init(); ranks that import

@@ -11,6 +11,8 @@ The package's modules: ``keys`` (how a setting is declared, named and read as te
 
 from sparktrain.config.checks import (
     HOROVOD_IMPLS,
+    MPI_TASK_NODES,
+    NODE_RULES,
     PRIVATE_ENV_PREFIX,
     RESERVED_ENV,
     STALL_ACTIONS,
@@ -24,6 +26,8 @@ __all__ = [
     "CONF_PREFIX",
     "ENV_PREFIX",
     "HOROVOD_IMPLS",
+    "MPI_TASK_NODES",
+    "NODE_RULES",
     "PRIVATE_ENV_PREFIX",
     "RESERVED_ENV",
     "STALL_ACTIONS",

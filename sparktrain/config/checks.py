@@ -18,6 +18,16 @@ from sparktrain.units import parse_duration, parse_names, parse_size
 VERBOSITIES = ("all", "log_callback_only")
 STALL_ACTIONS = ("warn", "fail")
 HOROVOD_IMPLS = ("horovod", "builtin")
+# What a node is, for LOCAL_RANK and the like (see sparktrain.cluster.node_rule).
+NODE_RULES = ("auto", "host", "task")
+# Why launcher="mpi" cannot run where every Spark task is a node.
+MPI_TASK_NODES = (
+    "launcher='mpi' cannot make every Spark task a node of its own: mpirun and Horovod under "
+    "MPI count hvd.local_rank() over every rank of a host, which would not match LOCAL_RANK "
+    "nor the rank's GPU. Use launcher='gloo' (Horovod's own rendezvous, which takes "
+    "sparktrain's nodes), or node='host' where the tasks of a host share one GPU numbering "
+    "(argument node=, or spark.sparktrain.node)"
+)
 
 # Variables each rank gets from sparktrain itself; a user's ``env`` may not override them.
 RESERVED_ENV = PLACE_VARIABLES
@@ -133,6 +143,14 @@ def check(config: Any) -> None:
                 f"{name} must be a non-empty string or None; got {value!r}"
                 f" (argument {name}=, or {conf_key(name)})"
             )
+    if config.node not in NODE_RULES:
+        raise ConfigurationError(
+            f"node must be one of {', '.join(NODE_RULES)}; got {config.node!r} (argument node=, "
+            f"or {conf_key('node')}): task makes every Spark task a node of its own, as "
+            "TorchDistributor does; host makes every host one"
+        )
+    if config.launcher == "mpi" and config.node == "task":
+        raise ConfigurationError(MPI_TASK_NODES)
     if config.use_gpu not in (None, True, False):
         raise ConfigurationError(f"use_gpu must be True, False or None; got {config.use_gpu!r}")
     if not isinstance(config.env, Mapping):

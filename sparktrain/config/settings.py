@@ -95,6 +95,16 @@ class RunConfig:
         "true also refuses to run ranks on the driver without one GPU each.",
         unset="auto",
     )
+    node: str = setting(
+        "auto",
+        "node",
+        "str",
+        "what a node is for LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK and "
+        "hvd.local_rank(): host (the ranks of a host are one node), task (every Spark task is "
+        "a node of its own, as under TorchDistributor) or auto (host, except where tasks on one "
+        "host each number their GPUs from 0, as containers do: task). Device "
+        "cuda:{LOCAL_RANK} is the rank's own GPU whichever it is.",
+    )
     warm_start: bool = setting(
         True,
         "warmStart",
@@ -107,7 +117,10 @@ class RunConfig:
         256 << 20, "maxPayloadBytes", "size", "largest pickled function and arguments."
     )
     max_result_bytes: int = setting(
-        256 << 20, "maxResultBytes", "size", "largest pickled result of rank 0."
+        256 << 20,
+        "maxResultBytes",
+        "size",
+        "largest pickled result of rank 0 (of every rank's together, for run_all).",
     )
     max_restarts: int = setting(
         0,

@@ -20,16 +20,16 @@ from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
+from sparktrain.driver.results import all_results, rank0_result
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import (
     CapacityError,
-    PayloadError,
     RendezvousTimeoutError,
     RunStalledError,
     WorkerFailedError,
 )
 from sparktrain.log import get_logger
-from sparktrain.payload import keep_and_say, load_result
+from sparktrain.payload import kept_result_name
 from sparktrain.task.job import TaskJob
 from sparktrain.wire.address import listen_address
 
@@ -50,6 +50,8 @@ class Attempts:
         tracker: MLflow tracking, when the driver has an active run.
         on_channel: private test hook, called with each attempt's channel once it listens.
         connect: for a Spark Connect session, how its executors reach this client.
+
+    ``job.all_ranks`` asks for every rank's value (a list by rank) rather than rank 0's.
     """
 
     session: Any
@@ -63,7 +65,8 @@ class Attempts:
     connect: ConnectPlan | None = None
 
     def run(self) -> Any:
-        """Launch until an attempt succeeds or may not be restarted; rank 0's value."""
+        """Launch until an attempt succeeds or may not be restarted; rank 0's value, or every
+        rank's as a list by rank when ``job.all_ranks``."""
         config = self.config
         job = self.job
         since: float | None = None
@@ -90,9 +93,12 @@ class Attempts:
                     raise attempt.error from exc
                 attempt.phases["capacity_wait"] = time.monotonic() - start
             try:
-                return _rank0_result(
-                    self._attempt(job, attempt), f"{job.run_id}-attempt{job.attempt + 1}-rank0"
-                )
+                name = kept_result_name(job.run_id, job.attempt)
+                records = self._attempt(job, attempt)
+                if job.all_ranks:
+                    world = self.config.world_size
+                    return all_results(records, world, name, self.config.max_result_bytes)
+                return rank0_result(records, name)
             except (WorkerFailedError, RendezvousTimeoutError, RunStalledError) as exc:
                 attempt.error, attempt.cause = exc, _first_line(exc)
                 if job.attempt >= config.max_restarts or not _restartable(exc, config):
@@ -141,6 +147,7 @@ class Attempts:
                 server,
                 out=self.progress.wrap(sys.stdout),
                 on_report=self._on_report,
+                kept_name=kept_result_name(job.run_id, job.attempt) if job.all_ranks else None,
             )
             try:
                 return monitor.watch(_launch(self.session, job, description, self.connect))
@@ -230,21 +237,3 @@ def _launch(session: Any, job: TaskJob, description: str, connect: ConnectPlan |
     from sparktrain.driver.stage import SparkLaunch
 
     return SparkLaunch(session, job, description)
-
-
-def _rank0_result(records: list[dict[str, Any]], name: str) -> Any:
-    """Rank 0's value; one that does not unpickle here is kept in a file the error names."""
-    for record in records:
-        if record.get("rank") == 0 and record.get("status") == "ok":
-            data = record.get("result")
-            if data is None:
-                raise PayloadError("rank 0 finished but its result did not reach the driver")
-            try:
-                return load_result(data)
-            except Exception as exc:  # noqa: BLE001 - any unpickling error; re-raised below
-                raise PayloadError(
-                    f"rank 0's result arrived but cannot be loaded on the driver "
-                    f"({type(exc).__name__}: {exc}); {keep_and_say(data, name)}. A class or module it "
-                    "needs must be importable on the driver too."
-                ) from exc
-    raise PayloadError("rank 0's outcome did not reach the driver")

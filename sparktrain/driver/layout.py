@@ -6,8 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparktrain.backends import get_backend
-from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec, gpu_double_booking
-from sparktrain.config import RunConfig
+from sparktrain.cluster import (
+    ClusterSpec,
+    TaskInfo,
+    build_cluster_spec,
+    gpu_double_booking,
+    gpu_numbering_clash,
+)
+from sparktrain.config import RunConfig, conf_key
 from sparktrain.interfaces import Reached, choose_interface, missing_nics
 from sparktrain.rendezvous import Layout, plan, probe_plan, whole_for_rank0
 
@@ -29,19 +35,40 @@ def layout_problem(
         interface missing on a host, or what the backend cannot do on these hosts.
     """
     tasks = [i if isinstance(i, TaskInfo) else TaskInfo.from_json(dict(i)) for i in infos]
-    problem = gpu_double_booking(tasks)
+    problem = gpu_double_booking(tasks) or host_nodes_problem(tasks, config)
     if problem is None and config.nics:
         problem = missing_nics(tasks, config.nics)
     if problem is None:
-        spec = spec or build_cluster_spec(tasks)
+        spec = spec or build_cluster_spec(tasks, config.node, config.use_gpu)
         problem = get_backend(config.backend).layout_problem(spec, config)
     return problem
+
+
+def host_nodes_problem(tasks: Sequence[TaskInfo], config: RunConfig) -> str | None:
+    """Why ``node="host"`` cannot hold on these tasks, or None: two tasks of a host number
+    their GPUs each from 0, so no one numbering of the host's GPUs puts each rank's own GPU
+    at ``cuda:{LOCAL_RANK}``."""
+    if config.node != "host" or config.use_gpu is False:
+        return None
+    clash = gpu_numbering_clash(tasks)
+    if clash is None:
+        return None
+    first, second, gpu = clash
+    return (
+        f"node='host' makes the ranks of a host one node, numbered LOCAL_RANK 0, 1, ... with "
+        f"device cuda:{{LOCAL_RANK}} their own GPU; but tasks {first.first_index} and "
+        f"{second.first_index} on {first.host} both call their GPU {gpu!r} (each executor "
+        "numbers its own GPUs from 0, as containers do), so the host's GPUs have no one "
+        "numbering. Use node='task' (every Spark task a node of its own, as under "
+        f"TorchDistributor) or node='auto' (argument node=, or {conf_key('node')}), or "
+        "use_gpu=False"
+    )
 
 
 def plan_for(tasks: Sequence[TaskInfo], config: RunConfig) -> Layout:
     """The run's layout: rank 0's task gets every rank when it launches every host's ranks
     (``launcher="mpi"``: mpirun starts them all from there)."""
-    return plan(tasks, whole_for_rank0(config.launcher))
+    return plan(tasks, whole_for_rank0(config.launcher), config.node, config.use_gpu)
 
 
 class InterfaceVote:

@@ -78,6 +78,9 @@ class RunMonitor:
         server: the run's channel.
         out: where log lines go (the driver's stdout by default).
         on_report: called with each ``sparktrain.report`` message.
+        kept_name: for ``run_all``, the name of rank 0's kept file (``rank0`` becomes each
+            rank's) under which the results that reached the driver are kept when the run
+            fails because others did not fit; None when rank 0's value alone comes back.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class RunMonitor:
         server: ChannelServer,
         out: TextIO | None = None,
         on_report: Callable[[dict[str, Any]], None] | None = None,
+        kept_name: str | None = None,
     ) -> None:
         self.config = config
         self.server = server
@@ -114,7 +118,12 @@ class RunMonitor:
         self.vote: InterfaceVote | None = None
         # When each milestone was reached (time.monotonic()); see phases().
         self.times: dict[str, float] = {}
-        self.results = ResultReceiver(config.max_result_bytes)
+        # Set for run_all (every rank's value comes back): what the driver keeps of them
+        # is named after it when the run fails because some did not fit.
+        self.kept_name = kept_name
+        # Each task index's rank, once the layout is made.
+        self.rank_of: dict[int, int] = {}
+        self.results = ResultReceiver(config.max_result_bytes, all_ranks=kept_name is not None)
         # When rank 0's launch reached each step, on its host (see task.records.launch_times).
         self.rank0_times: dict[str, Any] | None = None
         # The ranks' output, and the count of lines the tasks did not forward.
@@ -378,6 +387,7 @@ class RunMonitor:
             return ConfigurationError(problem)
         # From here on a task may start ranks; before it, none can have.
         self.go_sent = True
+        self.rank_of = {rank.task.index: rank.rank for rank in layout.spec.ranks}
         self.times["go"] = time.monotonic()
         self.stall.start(self.times["go"])
         self.vote = InterfaceVote(layout, self.config.nics)
@@ -422,7 +432,10 @@ class RunMonitor:
                 self._failed(WorkerFailure.from_json(record["failure"]))
         self._collect_stopped(done)
         if self.failures:
-            raise WorkerFailedError(self.failures, stopped=self.stopped)
+            kept = ""
+            if self.kept_name and any(f.phase == "result" for f in self.failures.values()):
+                kept = self.results.keep(self.rank_of, self.kept_name)
+            raise WorkerFailedError(self.failures, kept, stopped=self.stopped)
         if isinstance(self.stop_error, RunTimeoutError):
             # Raised with where every rank was, which is known only now.
             raise type(self.stop_error)(self.stop_error.reason, self.stopped)

@@ -128,27 +128,27 @@ def size() -> int:
 
 
 def local_rank() -> int:
-    """This process's index among the processes on its host."""
+    """This process's index among the processes of its node (``LOCAL_RANK``)."""
     return _checked().local_rank
 
 
 def local_size() -> int:
-    """The number of processes on this host."""
+    """The number of processes of this node."""
     return _checked().local_size
 
 
 def cross_rank() -> int:
-    """This host's index among the hosts that run a process with this local rank."""
+    """This node's index among the nodes that run a process with this local rank."""
     return _checked().cross_rank
 
 
 def cross_size() -> int:
-    """The number of hosts that run a process with this local rank."""
+    """The number of nodes that run a process with this local rank."""
     return _checked().cross_size
 
 
 def is_homogeneous() -> bool:
-    """Whether every host runs the same number of processes."""
+    """Whether every node runs the same number of processes."""
     state = _checked()
     return state.local_size * state.cross_size == state.size
 

@@ -72,7 +72,8 @@ class DetachedSession(TaskSession):
         gathered = self.context.allGather(json.dumps(self._infos))
         tasks = [TaskInfo.from_json(info) for text in gathered for info in json.loads(text)]
         slots = [int(info["index"]) for info in self._infos]
-        return go_for(tasks, slots, probing=False, launcher=self.config.launcher)
+        config = self.config
+        return go_for(tasks, slots, False, config.launcher, config.node, config.use_gpu)
 
     def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
         """Rank 0's task's values, handed to every task through ``allGather``."""

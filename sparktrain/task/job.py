@@ -22,6 +22,7 @@ class TaskJob:
         hook: private test hook, a pickled callable run with the task index before rendezvous.
         ranks_per_task: how many ranks each Spark task runs, one per GPU it holds
             (``spark.task.resource.gpu.amount``); the stage has ``np / ranks_per_task`` tasks.
+        all_ranks: every rank's value comes back (``run_all``), not rank 0's alone.
     """
 
     run_id: str
@@ -32,6 +33,7 @@ class TaskJob:
     payload: bytes
     hook: bytes | None = None
     ranks_per_task: int = 1
+    all_ranks: bool = False
 
     @property
     def tasks(self) -> int:

@@ -123,8 +123,8 @@ def worker_env(
             contract.TIMES_ENV: str(workdir / contract.times_file_name(rank.rank)),
         }
     )
-    if rank.rank == 0:
-        env[contract.RESULT_ENV] = str(workdir / contract.RESULT_FILE)
+    if rank.rank == 0 or session.job.all_ranks:
+        env[contract.RESULT_ENV] = str(workdir / contract.result_file_name(rank.rank))
     return env
 
 
@@ -219,6 +219,7 @@ class ProcessLauncher(RankLauncher):
                 proc.exit_time or time.time(),
                 stopped=proc.stopped_by_supervisor,
                 stack=proc.last_stack,
+                returns=self.session.job.all_ranks,
             )
             record["times"] = launch_times(
                 workdir, rank_id, self.session.go_time, proc.spawn_time, proc.forked

@@ -4,7 +4,7 @@ A rank leaves its exit code, its last lines of output and, in the task's own fol
 ``error-<rank>.json`` when it failed in Python or ``result.pkl`` (rank 0) when it succeeded
 (see :mod:`sparktrain.worker.bootstrap`). A record is the plain dict the driver collects:
 ``index``, ``rank``, ``status`` ("ok", "failed" or "stopped"), ``result`` (rank 0's pickled
-value) and ``failure`` (a :class:`WorkerFailure` as JSON; for a rank that was stopped while
+value, or every rank's for ``run_all``) and ``failure`` (a :class:`WorkerFailure` as JSON; for a rank that was stopped while
 running, phase "stopped" with where its main thread was, its stack and its last output).
 """
 
@@ -83,11 +83,14 @@ def with_stack(base: WorkerFailure, stack: stacks.Stack | None) -> WorkerFailure
     return dataclasses.replace(base, where=stacks.where(stack), stack=stacks.render(stack))
 
 
-def _exited_cleanly(rank: RankSpec, workdir: Path, base: WorkerFailure) -> dict[str, Any]:
-    """The record of a rank that exited 0: ok, unless rank 0 wrote no result."""
-    if rank.rank != 0:
+def _exited_cleanly(
+    rank: RankSpec, workdir: Path, base: WorkerFailure, returns: bool = False
+) -> dict[str, Any]:
+    """The record of a rank that exited 0: ok, unless it wrote no result where one is asked
+    for (rank 0's always; every rank's when ``returns``)."""
+    if rank.rank != 0 and not returns:
         return record(rank, "ok")
-    result = workdir / contract.RESULT_FILE
+    result = workdir / contract.result_file_name(rank.rank)
     if not result.exists():
         return record(rank, "failed", failure=dataclasses.replace(base, message=NO_RESULT))
     return record(rank, "ok", result.read_bytes())
@@ -101,6 +104,7 @@ def rank_record(
     end: float,
     stopped: bool,
     stack: stacks.Stack | None = None,
+    returns: bool = False,
 ) -> dict[str, Any]:
     """The record of one rank that ran as its own process (the torch path).
 
@@ -113,6 +117,7 @@ def rank_record(
         stopped: whether the supervisor stopped it; unless it wrote an error record of its
             own, its end is then no failure.
         stack: its main thread's stack, dumped before it was stopped.
+        returns: every rank's value is asked for, not rank 0's alone (``run_all``).
     """
     base = WorkerFailure(
         rank=rank.rank,
@@ -128,7 +133,7 @@ def rank_record(
     elif code != 0:
         rec = record(rank, "failed", failure=base)
     else:
-        rec = _exited_cleanly(rank, workdir, base)
+        rec = _exited_cleanly(rank, workdir, base, returns)
     if stopped and rec["status"] == "failed" and data is None:
         # Ended by our signal. A rank that wrote its own error record failed by itself,
         # even if the stop arrived while it was exiting; its time decides the root cause.

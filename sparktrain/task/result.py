@@ -1,10 +1,12 @@
-"""Rank 0's result, from its Spark task to the driver over the run's channel.
+"""A rank's result (rank 0's, or every rank's for ``run_all``), from its Spark task to the
+driver over the run's channel.
 
 A Spark task's return value is held whole by the executor's JVM, serialized there, and held
 again by the driver under ``spark.driver.maxResultSize``: a result of a few hundred MiB kills
 an executor with OutOfMemoryError. So the result goes to the driver in pieces over the
-channel, and the task's record only says that it did. If the driver does not confirm that it
-holds the result, the task keeps it in a file on its host and the record names that file:
+channel, and the task's record only says that it did. A task sends its ranks' results one at
+a time. If the driver does not confirm that it holds the result (it was cut short, or all
+ranks' results together would pass ``max_result_bytes``), the task keeps it in a file on its host and the record names that file:
 a trained result is never lost.
 """
 
@@ -32,7 +34,7 @@ STOPPING = "the run was being stopped when it finished"
 def deliver(
     session: TaskSession, records: Iterable[dict[str, Any]], host: str
 ) -> Iterator[dict[str, Any]]:
-    """The records, with rank 0's result sent to the driver instead of carried.
+    """The records, with each result sent to the driver instead of carried.
 
     Args:
         session: the task's link to the driver.
@@ -85,16 +87,23 @@ def _kept(
     """The record of a result the driver did not get, kept on this host if possible: failed,
     or ``stopped`` when the driver was stopping the run."""
     job = session.job
-    size = f"{len(data) / (1 << 20):.1f} MiB"
-    where = keep_and_say(data, kept_result_name(job.run_id, job.attempt), host)
+    size = f"{len(data) / (1 << 20):.1f} MiB" if len(data) >= 100 << 10 else f"{len(data)} bytes"
+    rank = record["rank"]
+    where = keep_and_say(data, kept_result_name(job.run_id, job.attempt, rank), host)
     failure = WorkerFailure(
-        rank=record["rank"],
+        rank=rank,
         host=host,
         exit_code=0,
         phase="stopped" if stopped else "result",
         time=time.time(),
-        message=f"rank 0 finished, but its result ({size}) did not reach the driver: {why}; "
+        message=f"rank {rank} finished, but its result ({size}) did not reach the driver: {why}; "
         + where,
     )
     status = "stopped" if stopped else "failed"
+    # Also over the channel, as a rank's own end is: a job cancelled meanwhile (the driver
+    # stops the run when a rank fails) may never return its records.
+    if stopped:
+        session.send(protocol.STACK(record=failure.to_json(), stopped=True))
+    else:
+        session.send(protocol.FAILURE(failure=failure.to_json()))
     return {**record, "status": status, "result": None, "failure": failure.to_json()}

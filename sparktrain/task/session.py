@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktrain import contract, private, wire
+from sparktrain.backends.base import attempt_env
 from sparktrain.cluster import RankSpec
 from sparktrain.rendezvous import GoAssembler
 from sparktrain.task import workdirs
@@ -221,7 +222,11 @@ class TaskSession:
         """
         if not self._saved.wait(timeout):
             return f"the driver did not confirm it within {timeout:.0f}s"
-        answer = self._saved_answer
+        # Taken, so that a task sending several ranks' results waits for each one's answer
+        # (one at a time); a connection that ended leaves the event set and no answer.
+        answer, self._saved_answer = self._saved_answer, None
+        if answer is not None:
+            self._saved.clear()
         if answer is None:
             return "the connection to the driver ended before it confirmed it"
         return None if answer["ok"] else str(answer["error"])
@@ -249,6 +254,7 @@ class TaskSession:
             "PYTHONPATH": os.pathsep.join(paths),
             contract.RUN_ID_ENV: self.job.run_id,
             contract.ATTEMPT_ENV: str(self.job.attempt),
+            **attempt_env(self.job.run_id, self.job.attempt),
             contract.GRACE_ENV: str(self.config.grace_period),
             contract.START_TIMEOUT_ENV: str(self.config.start_timeout),
             contract.CHANNEL_ENV: self.job.channel,

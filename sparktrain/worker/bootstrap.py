@@ -287,13 +287,14 @@ def main() -> int:
 
 
 def _write_result(value: Any, path: str) -> bool:
-    """Pickle rank 0's value to ``path``; on failure write the error record and say False.
+    """Pickle this rank's value to ``path``; on failure write the error record and say False.
 
     A value over the limit is not lost: it is kept in a file of its own, which the error
     names.
     """
     try:
-        data = dump_result(value, int(os.environ.get(contract.MAX_RESULT_ENV, str(256 << 20))))
+        limit = int(os.environ.get(contract.MAX_RESULT_ENV, str(256 << 20)))
+        data = dump_result(value, limit, context.rank())
     except ResultTooLargeError as exc:
         _report_error("result", PayloadError(f"{exc}; {_kept(exc.data)}"), None, user=True)
         return False
@@ -309,7 +310,7 @@ def _write_result(value: Any, path: str) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         error = PayloadError(
-            f"rank 0's result ({len(data) / (1 << 20):.1f} MiB) could not be written to "
+            f"rank {context.rank()}'s result ({len(data) / (1 << 20):.1f} MiB) could not be written to "
             f"{path}: {exc}; {_kept(data)}"
         )
         _report_error("result", error, None, user=False)
@@ -321,4 +322,5 @@ def _kept(data: bytes) -> str:
     """Keep a result that cannot be returned, and say where (or that it could not be)."""
     run_id = os.environ.get(contract.RUN_ID_ENV, "run")
     attempt = int(os.environ.get(contract.ATTEMPT_ENV, "0"))
-    return keep_and_say(data, kept_result_name(run_id, attempt), socket.gethostname())
+    name = kept_result_name(run_id, attempt, context.rank())
+    return keep_and_say(data, name, socket.gethostname())

@@ -40,12 +40,13 @@ def world_size() -> int:
 
 
 def local_rank() -> int:
-    """Rank among the processes on this host (0 outside a run)."""
+    """Rank among the processes of this node (0 outside a run): the host's, or the Spark
+    task's where every task is a node (the ``node`` setting)."""
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def local_world_size() -> int:
-    """Number of ranks on this host (1 outside a run)."""
+    """Number of ranks of this node (1 outside a run; see :func:`local_rank`)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 

@@ -30,7 +30,17 @@ DEFAULT_WAIT = 60.0
 
 
 def spans_hosts() -> bool:
-    """Whether this run's ranks are on more than one host (False outside a run)."""
+    """Whether this run's ranks are on more than one host (False outside a run).
+
+    sparktrain says how many hosts there are; a node (``LOCAL_WORLD_SIZE``) may be a Spark
+    task, several to a host. Under another launcher (torchrun), a node is taken for a host.
+    """
+    hosts = os.environ.get(contract.NUM_HOSTS_ENV)
+    if hosts:
+        try:
+            return int(hosts) > 1
+        except ValueError:
+            return False
     local = os.environ.get("LOCAL_WORLD_SIZE")
     world = os.environ.get("WORLD_SIZE")
     if local is None or world is None:
@@ -63,8 +73,7 @@ def check_shared(what: str, where: str, local_path: str | None, shared: bool, fi
         return
     raise ConfigurationError(
         f"{what} {where!r} is a local path, but this run's ranks are on more than one host "
-        f"({os.environ.get('LOCAL_WORLD_SIZE')} of {os.environ.get('WORLD_SIZE')} ranks on "
-        "this one): each host has its own disk, so a restart on another host would not find "
+        f"({_spread()}): each host has its own disk, so a restart on another host would not find "
         "what was written there and would start from scratch. Use a URL every host reaches "
         f"(s3://..., gs://..., abfss://...), or, when the path is a file system mounted on "
         f"every host (NFS, /dbfs), {fix}"
@@ -96,7 +105,7 @@ def _verify(what: str, where: str, path: str, marker_name: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         _write_marker(folder, marker, host)
         return
-    if os.environ.get("NODE_RANK", "0") == "0":
+    if _on_rank0_host():
         return  # rank 0's own host: the same disk as rank 0, whatever it is
     wait = _wait_limit()
     deadline = time.monotonic() + wait
@@ -126,6 +135,24 @@ def _write_marker(folder: Path, marker: Path, host: str) -> None:
                 old.unlink()
         except OSError:
             continue
+
+
+def _spread() -> str:
+    """How the ranks are spread over hosts, in words."""
+    world = os.environ.get("WORLD_SIZE")
+    hosts = os.environ.get(contract.NUM_HOSTS_ENV)
+    if hosts:
+        return f"{world} ranks on {hosts} hosts"
+    return f"{os.environ.get('LOCAL_WORLD_SIZE')} of {world} ranks on this one"
+
+
+def _on_rank0_host() -> bool:
+    """Whether this rank runs on rank 0's host (by the addresses the tasks gave; under
+    another launcher, whether it is on node 0)."""
+    host, rank0_host = os.environ.get(contract.HOST_ENV), os.environ.get(contract.RANK0_HOST_ENV)
+    if host and rank0_host:
+        return host == rank0_host
+    return os.environ.get("NODE_RANK", "0") == "0"
 
 
 def _wait_limit() -> float:

@@ -48,6 +48,21 @@ def test_horovod_local_and_cross_ranks_on_two_hosts(cluster_spark, launcher):
     assert places[2]["pinned"] != places[3]["pinned"]
 
 
+def test_every_task_a_node_of_its_own_to_horovod_on_two_hosts(cluster_spark):
+    # node="task": each of the 4 tasks (2 per host) is a host of its own to Horovod's Gloo
+    # rendezvous, so hvd.local_rank() is LOCAL_RANK (0) and each rank sees its own GPU alone.
+    places = HorovodRunner(np=4, launcher="gloo", node="task").run(hvd_trainers.places)
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    for p in places:
+        assert p["size"] == 4 and p["local_size"] == 1 and p["cross_size"] == 4
+        assert p["local_rank"] == p["env_local_rank"] == 0
+        assert p["cross_rank"] == p["rank"]
+        assert p["visible"] in ("0", "1") and p["pinned"] == p["visible"]
+    # The two tasks of a host hold its two GPUs.
+    assert {places[0]["pinned"], places[1]["pinned"]} == {"0", "1"}
+    assert {places[2]["pinned"], places[3]["pinned"]} == {"0", "1"}
+
+
 def test_horovod_ranks_talk_over_the_probed_interface(cluster, cluster_spark, launcher):
     from tests.cluster.hosts import HOST_IF
     from tests.fixtures import nic_trainers

@@ -91,3 +91,9 @@ def test_interrupt_stops_every_rank_and_the_job(connect, tmp_path):
     assert len(pids) == 2 and alive(pids) == []
     # The session is usable at once: the job of the run is gone, not queued in front.
     assert connect.range(3).count() == 3
+
+
+def test_horovod_runner_run_all_returns_every_ranks_value(connect):
+    placed = HorovodRunner(np=2, spark=connect).run_all(trainers.placed)
+    assert [rank for rank, _, _ in placed] == [0, 1]
+    assert os.getpid() not in {pid for _, _, pid in placed}

@@ -63,3 +63,11 @@ def test_detached_timeout_stops_every_rank(connect, tmp_path):
     # The cancelled tasks' Python workers are killed; their ranks follow them (parent watch).
 
     wait_gone(pids, timeout=30)
+
+
+def test_detached_run_all_brings_back_every_ranks_value(connect, tmp_path):
+    # Without the channel, every rank's value comes back in its task's row of the job.
+    runner = SparkRunner(np=2, spark=connect, client_reachable=False, progress=False)
+    placed = runner.run_all(trainers.placed)
+    assert [rank for rank, _, _ in placed] == [0, 1]
+    assert len({pid for _, _, pid in placed}) == 2

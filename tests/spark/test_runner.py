@@ -357,3 +357,32 @@ def test_local_use_gpu_without_gpus_is_a_configuration_error(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(sparktrain.ConfigurationError, match="needs 2 GPUs on the driver, found 0"):
         SparkRunner(np=-2, use_gpu=True).run(trainers.noop)
+
+
+def test_node_task_gives_each_task_torchdistributors_view(spark):
+    # Two executors on one host, one fake GPU each ("0" and "1"): with node="task" each task
+    # is a node of its own, in torchrun's variables and in Horovod's API alike.
+    views = sparktrain.HorovodRunner(np=2, horovod_impl="builtin", node="task").run(
+        trainers.node_view
+    )
+    assert [v["RANK"] for v in views] == ["0", "1"]
+    assert [v["LOCAL_RANK"] for v in views] == ["0", "0"]
+    assert [v["LOCAL_WORLD_SIZE"] for v in views] == ["1", "1"]
+    assert [v["NODE_RANK"] for v in views] == [v["GROUP_RANK"] for v in views] == ["0", "1"]
+    assert [v["GROUP_WORLD_SIZE"] for v in views] == ["2", "2"]
+    assert [v["ROLE_RANK"] for v in views] == ["0", "1"]
+    assert {v["ROLE_NAME"] for v in views} == {"default"}
+    assert {v["ROLE_WORLD_SIZE"] for v in views} == {"2"}
+    # One run id on every rank (what torch and Lightning look for), the first attempt.
+    assert len({v["TORCHELASTIC_RUN_ID"] for v in views}) == 1 and views[0]["TORCHELASTIC_RUN_ID"]
+    assert [v["TORCHELASTIC_RESTART_COUNT"] for v in views] == ["0", "0"]
+    assert [v["TORCHELASTIC_MAX_RESTARTS"] for v in views] == ["0", "0"]
+    assert all(v["torchelastic"] for v in views)
+    # hvd: [rank, local_rank, local_size, cross_rank, cross_size].
+    assert [v["hvd"] for v in views] == [[0, 0, 1, 0, 2], [1, 0, 1, 1, 2]]
+    # Each rank sees its own task's GPU alone: cuda:{LOCAL_RANK} and the worker's pin are it.
+    visible = [v["CUDA_VISIBLE_DEVICES"].split(",") for v in views]
+    assert [len(gpus) for gpus in visible] == [1, 1] and visible[0] != visible[1]
+    assert [v["_SPARKTRAIN_DEVICE_INDEX"] for v in views] == ["0", "0"]
+    # One host: files written on it are shared by both (a local checkpoint folder is fine).
+    assert [v["_SPARKTRAIN_NUM_HOSTS"] for v in views] == ["1", "1"]

@@ -246,5 +246,5 @@ def test_a_detached_task_gathers_every_slot_of_every_task() -> None:
         (1, 1, "h1", ("1",)),
     ]
     assert (view.spec.world_size, view.spec.num_nodes) == (4, 2)
-    assert view.spec.host_sizes == (("h1", 2), ("h2", 2))  # it holds rank 0
+    assert view.spec.node_sizes == (("h1", 2), ("h2", 2))  # it holds rank 0
     assert not view.probing  # no driver to choose: nothing is probed

@@ -123,6 +123,9 @@ def test_env_has_everything_hvd_init_needs() -> None:
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": "300",
         "HOROVOD_GLOO_IFACE": "eth0",
+        # torch.distributed's env:// beside Horovod, as under torchrun.
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": str(spec.master_port),
         "GLOO_SOCKET_IFNAME": "eth0",
         "NCCL_SOCKET_IFNAME": "eth0",
     }

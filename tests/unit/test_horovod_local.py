@@ -57,12 +57,14 @@ def _loopback_interface() -> str | None:
     return None
 
 
-def _run(hosts: list[str]) -> None:
+def _run(hosts: list[str], node: str = "auto") -> None:
     """Run one rank per entry of ``hosts`` (task i on hosts[i]) and check what hvd says."""
     ifname = _loopback_interface()
     infos = [TaskInfo(index=i, host=h, port=0, ifname=ifname) for i, h in enumerate(hosts)]
-    spec = build_cluster_spec(infos)
-    config = RunConfig(np=-len(hosts), backend="horovod", start_timeout=60, use_gpu=False)
+    spec = build_cluster_spec(infos, node)
+    config = RunConfig(
+        np=-len(hosts), backend="horovod", start_timeout=60, use_gpu=False, node=node
+    )
     backend = get_backend("horovod")
     backend.check(config)
     procs: list[subprocess.Popen[str]] = []
@@ -117,3 +119,9 @@ def test_two_ranks_one_host() -> None:
 def test_three_ranks_two_hosts_interleaved() -> None:
     # Task 1 is on the second host, so RANK 1 is task 2 (ranks are contiguous per host).
     _run(["127.0.0.1", "127.0.0.2", "127.0.0.1"])
+
+
+def test_every_task_a_node_of_its_own_on_one_host() -> None:
+    # node="task": each task is a host of its own to Horovod, so hvd.local_rank() is 0 on
+    # both, as LOCAL_RANK is, and cross rank is the task's node rank.
+    _run(["127.0.0.1", "127.0.0.1"], node="task")

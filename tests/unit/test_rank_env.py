@@ -50,12 +50,19 @@ def test_every_env_variable_on_a_two_host_layout() -> None:
             "LOCAL_WORLD_SIZE": local_size,
             "NODE_RANK": node_rank,
             "GROUP_RANK": node_rank,
+            "GROUP_WORLD_SIZE": "2",
+            "ROLE_NAME": "default",
+            "ROLE_RANK": rank,
+            "ROLE_WORLD_SIZE": "3",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
             "MASTER_ADDR": "10.0.0.1",
             "MASTER_PORT": "7000",
             "OMP_NUM_THREADS": "2",
             "CUDA_VISIBLE_DEVICES": "",
             contract.HOST_ENV: "10.0.0.2" if node_rank == "1" else "10.0.0.1",
             contract.RANK0_HOST_ENV: "10.0.0.1",
+            contract.NUM_HOSTS_ENV: "2",
         }
 
 

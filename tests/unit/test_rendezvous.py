@@ -93,7 +93,7 @@ def test_each_task_sees_what_the_whole_layout_gives_its_ranks(name: str, backend
             whole.master_port,
             whole.ranks[0],
         )
-        assert view.host_sizes == (whole.host_sizes if 0 in slots else ())
+        assert view.node_sizes == (whole.node_sizes if 0 in slots else ())
         for rank in view.ranks:
             # Every variable a rank gets is what it would get from the whole layout.
             assert rank_env(view, rank, config) == rank_env(whole, rank, config)

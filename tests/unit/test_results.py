@@ -17,10 +17,10 @@ import pytest
 
 from sparktrain import contract, wire
 from sparktrain.config import RunConfig
-from sparktrain.driver.attempts import _rank0_result
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.results import ResultReceiver
+from sparktrain.driver.results import rank0_result as _rank0_result
 from sparktrain.driver.stage import FailedTask, failed_task
 from sparktrain.errors import PayloadError, WorkerFailedError, WorkerFailure
 from sparktrain.payload import KEPT_RESULTS, dump_result, keep_result
@@ -174,9 +174,13 @@ class _Unreachable:
         self.client = self
         self.fail_send = fail_send
         self.aborted = threading.Event()
+        # What the task said of the result it kept (best effort, as TaskSession.send).
+        self.said: list[dict[str, Any]] = []
 
     def send(self, message: dict[str, Any]) -> None:
-        if self.fail_send:
+        if message["type"] in ("failure", "stack"):
+            self.said.append(message)
+        elif self.fail_send:
             raise BrokenPipeError(32, "Broken pipe")
 
     def result_saved(self, timeout: float) -> str | None:
@@ -209,6 +213,9 @@ def test_a_result_the_driver_did_not_get_is_kept_on_the_task_host(
     assert f"it is kept in {kept} on host-a" in failure.message
     assert pickle.loads(kept.read_bytes()) == {"weights": list(range(1000))}
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    # Also said over the channel: a cancelled Spark job may never return the record.
+    assert [m["type"] for m in session.said] == ["failure"]
+    assert session.said[0]["failure"] == out["failure"]
 
 
 @pytest.mark.parametrize("when", ["before", "while sending"])

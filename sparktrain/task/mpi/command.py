@@ -98,7 +98,7 @@ def mpirun_command(
         str(KILL_STEP),
     ]
     ifnames = {r.task.ifname for r in spec.ranks}
-    if spec.num_nodes > 1 and len(ifnames) == 1 and None not in ifnames:
+    if spec.num_hosts > 1 and len(ifnames) == 1 and None not in ifnames:
         # One interface name everywhere: keep MPI's TCP traffic on the one Spark uses.
         name = str(next(iter(ifnames)))
         argv += ["-mca", "btl_tcp_if_include", name, "-mca", "oob_tcp_if_include", name]
