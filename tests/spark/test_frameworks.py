@@ -49,6 +49,8 @@ def test_lightning_host_form_on_executors(spark, tmp_path):
         (2, 1, 1, 0),
     ]
     assert [v["rank_env"] for v in views] == ["0", "1"]  # Lightning's rank is sparktrain's
+    # TORCHELASTIC_RUN_ID is set: Lightning reads RANK and GROUP_RANK, as under torchrun.
+    assert {v["environment"] for v in views} == {"TorchElasticEnvironment"}
     assert {v["device"] for v in views} == {"cpu"}
     assert {v["global_step"] for v in views} == {ft.SAMPLES // ft.BATCH // 2}
     assert_one_model(views)
@@ -84,6 +86,7 @@ def test_lightning_killed_mid_epoch_resumes_from_its_checkpoint(tmp_path):
     # Resumed mid-epoch: the step after the last checkpoint before the kill, not step 0.
     assert {(v["start_epoch"], v["start_step"]) for v in views} == {(1, 6)}
     assert {v["global_step"] for v in views} == {8}
+    assert {v["environment"] for v in views} == {"TorchElasticEnvironment"}
     assert [(v["world_size"], v["global_rank"], v["local_rank"]) for v in views] == [
         (2, 0, 0),
         (2, 1, 1),
