@@ -32,7 +32,7 @@ from sparktrain.payload import (
     kept_result_name,
     load_call,
 )
-from sparktrain.worker import context
+from sparktrain.worker import context, frameworks
 from sparktrain.worker.sparkfiles import expose_spark_files
 
 PR_SET_PDEATHSIG = 1
@@ -248,6 +248,7 @@ def main() -> int:
     _answer_stack_requests()
     expose_spark_files()
     _shadow_horovod()
+    frameworks.install()  # before the payload: unpickling it may import Lightning
     try:
         fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record

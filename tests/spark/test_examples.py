@@ -222,3 +222,33 @@ def test_digits_pipeline_example_fits_scores_and_reloads(spark, tmp_path):
     assert result["accuracy"] >= 0.95, result["history"]
     assert result["same_after_load"] is True
     assert (tmp_path / "digits-pipeline" / "stages").is_dir()
+
+
+@pytest.mark.spark
+def test_lightning_digits_on_executors_then_resumes_on_the_driver(spark, tmp_path, capsys):
+    pytest.importorskip("lightning", reason="the frameworks extra is not installed")
+    from sparktrain.examples import lightning_digits
+
+    ckpt = str(tmp_path / "ckpt")
+    result = lightning_digits.main(["--np", "2", "--epochs", "2", "--checkpoint-dir", ckpt])
+    out = capsys.readouterr().out
+    assert (result["world_size"], result["num_nodes"], result["devices"]) == (2, 1, 2)
+    assert [r["epoch"] for r in result["history"]] == [1, 2] and result["resumed_from"] == 0
+    assert falls([r["loss"] for r in result["history"]]), result["history"]
+    assert "Lightning saw world size 2: 1 node(s) x 2 device(s)" in out and "Summary" in out
+    # The same command with one more epoch continues from Lightning's last.ckpt.
+    again = lightning_digits.main(["--np", "-2", "--epochs", "3", "--checkpoint-dir", ckpt])
+    assert again["resumed_from"] == 2
+    assert [r["epoch"] for r in again["history"]] == [3]
+
+
+def test_hf_trainer_on_the_driver(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the frameworks extra is not installed")
+    from sparktrain.examples import hf_trainer
+
+    result = hf_trainer.main(["--np", "-2", "--epochs", "2", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert (result["world_size"], result["process_index"]) == (2, 0)
+    assert falls(result["losses"]), result["losses"]
+    assert result["steps"] == 2 * -(-(1797 - 360) // (2 * hf_trainer.BATCH_SIZE))
+    assert "The Trainer saw world size 2" in out and "16-token sentences" in out
