@@ -113,11 +113,17 @@ def test_batches_own_writable_memory(tmp_path: Path, shuffle: bool) -> None:
 
 def test_a_pass_never_started_leaves_no_thread(tmp_path: Path) -> None:
     converter = write_rows(tmp_path, 50)
-    before = threading.active_count()
+    # Threads are told apart by identity: other tests' threads may end meanwhile.
+    before = set(threading.enumerate())
+
+    def new_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before]
+
     with converter.make_torch_dataloader(5, num_epochs=None, cur_shard=0, shard_count=1) as dl:
         iter(dl)  # its read-ahead thread starts, but no batch is ever asked for
-        assert threading.active_count() == before + 1
+        (first,) = new_threads()
         second = iter(dl)
-        assert threading.active_count() == before + 1  # the first pass's thread has ended
+        assert not first.is_alive()  # the first pass's thread has ended
+        assert len(new_threads()) == 1
         assert len(next(second)["id"]) == 5
-    assert threading.active_count() == before
+    assert new_threads() == []
