@@ -23,7 +23,7 @@ def test_local_checkpoint_dir_is_refused_when_ranks_span_hosts(cluster_spark):
         SparkRunner(np=4).run(cluster_trainers.resume_from, directory=f"{HOST_DISK}/ckpt")
     message = str(info.value)
     assert f"checkpoint directory '{HOST_DISK}/ckpt' is a local path" in message
-    assert "2 of 4 ranks on this one" in message
+    assert "(4 ranks on 2 hosts)" in message
     assert "shared=True" in message
 
 
