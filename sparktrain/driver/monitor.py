@@ -3,7 +3,7 @@ cleanly, and say where each rank that was still running was stopped.
 
 The monitor runs in the caller's thread (so a notebook cell shows the logs and Ctrl-C lands
 here) and waits on one queue fed by the channel and by the launch's completion; it never
-polls or sleeps.
+sleeps, and it wakes only to let a Ctrl-C through (see ``SIGNAL_SLICE``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,26 @@ DRAIN_WAIT = 2.0
 _SIGNS_OF_LIFE = frozenset(
     {protocol.LOG, protocol.LOGS, protocol.USER_LOG, protocol.REPORT, protocol.ACTIVE}
 )
+
+
+# A signal the kernel hands to another thread of this process (any thread may take a
+# process-directed SIGINT, e.g. when the main thread already has a signal pending) only sets
+# Python's flag: a main thread blocked on a lock is not woken, and the handler (Ctrl-C's
+# KeyboardInterrupt) runs only once it is back in the interpreter. So the wait is cut in slices.
+SIGNAL_SLICE = 0.25
+
+
+def _next_event(events: queue.Queue[Any], wait: float | None) -> Any:
+    """Return the next event, or raise ``queue.Empty`` once ``wait`` seconds passed (never, for
+    None), waking every ``SIGNAL_SLICE`` seconds so that a pending Ctrl-C is raised at once."""
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        left = SIGNAL_SLICE if deadline is None else deadline - time.monotonic()
+        try:
+            return events.get(timeout=max(0.0, min(SIGNAL_SLICE, left)))
+        except queue.Empty:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
 class Launch(Protocol):
@@ -191,7 +211,7 @@ class RunMonitor:
             wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:
                 try:
-                    conn_id, message = events.get(timeout=wait)
+                    conn_id, message = _next_event(events, wait)
                 except queue.Empty:  # a deadline passed
                     now = time.monotonic()
                     if cancel_deadline is not None and now >= cancel_deadline:

@@ -35,6 +35,7 @@ from sparktrain.errors import (
 from sparktrain.payload import dump_call
 from sparktrain.task.job import TaskJob
 from sparktrain.wire import protocol
+from tests.helpers import wait_for
 
 Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
 
@@ -280,6 +281,44 @@ def test_ctrl_c_stops_every_rank_before_it_is_raised(server, caplog) -> None:
     with pytest.raises(KeyboardInterrupt):
         mon.watch(launch)
     assert sorted(confirmed) == [0, 1]  # both had confirmed before run() gave up control
+    assert "interrupted; stopping every rank" in caplog.text
+
+
+def test_ctrl_c_taken_by_another_thread_still_stops_every_rank(server, caplog) -> None:
+    # The kernel may hand a process-directed SIGINT to any thread; one that lands on another
+    # thread does not wake a main thread blocked on a lock. Deliver it to a helper thread on
+    # purpose: the run must still stop (not wait for its hour-long deadline).
+    started = threading.Event()
+    confirmed: list[int] = []
+
+    def body(tasks: list[FakeTask], done: Done) -> None:
+        for task in tasks:
+            task.hello()
+        for i, task in enumerate(tasks):
+            task.started(i)
+        started.set()
+        for task in tasks:
+            assert task.aborted.wait(10)
+            confirmed.append(task.index)
+            task.exited()
+
+    def main_thread_waits() -> bool:
+        # Blocked in the kernel on the queue's lock, with nothing left to wake it.
+        tid = threading.main_thread().native_id
+        with open(f"/proc/self/task/{tid}/wchan") as f:
+            return "futex" in f.read()
+
+    def press_ctrl_c_on_this_thread() -> None:
+        started.wait(10)
+        wait_for(main_thread_waits, 10, "the monitor to wait on its queue")
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    launch = FakeLaunch(server, 2, body)
+    mon, _ = monitor(server, timeout=3600)
+    threading.Thread(target=press_ctrl_c_on_this_thread, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        mon.watch(launch)
+    assert sorted(confirmed) == [0, 1]
     assert "interrupted; stopping every rank" in caplog.text
 
 
