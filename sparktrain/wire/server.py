@@ -328,6 +328,7 @@ class FrameServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._make_room()  # before its nonce: a peer that has one holds a place
             conn = Connection(next(self._ids), sock)
             try:
                 sent = sock.send(conn.nonce)  # a fresh socket's buffer takes 16 bytes
@@ -337,7 +338,6 @@ class FrameServer:
                 self.drops.gone()
                 sock.close()
                 continue
-            self._make_room()
             with self._lock:
                 self._conns[conn.id] = conn
             self._pending[conn.id] = conn
