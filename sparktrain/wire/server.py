@@ -17,18 +17,16 @@ reads nothing for :data:`FRAME_TIMEOUT` while data waits for it, or lets more th
 up, is dropped. The callbacks run on that thread, so they must return quickly and never wait
 on the network.
 
-Connections are bounded: at most ``max_pending`` may be waiting to authenticate and at most
-``max_connections`` may be authenticated; each needs a file descriptor, so the server raises
-the process's soft ``RLIMIT_NOFILE`` toward its hard limit when the two need it, and refuses
-to start, naming the limit, when they cannot be had. When a new connection needs room among
-the waiting ones, the server first reads what the oldest have sent (a peer whose frame has
-arrived authenticates then, one that hung up is closed), then drops the oldest that has sent
-nothing (else the oldest), so a flood of keyless connections cannot lock the ranks out: a
-connection that authenticated is never dropped to make room, and the server answers its
-first frame at once (:data:`~sparktrain.wire.frames.AUTH`), so a peer knows it was admitted
-and one that was dropped before that connects again
-(:class:`~sparktrain.wire.frames.ChannelClient`). Connections that end without
-authenticating are counted and logged (see :mod:`~sparktrain.wire.drops`).
+Connections are bounded: at most ``max_pending`` may be waiting to authenticate (who makes
+room for a new one: :mod:`~sparktrain.wire.waiting`) and at most ``max_connections`` may be
+authenticated; each needs a file descriptor, so the server raises the process's soft
+``RLIMIT_NOFILE`` toward its hard limit when the two need it, and refuses to start, naming
+the limit, when they cannot be had. A connection that authenticated is never dropped to make
+room, and the server answers its first frame at once (:data:`~sparktrain.wire.frames.AUTH`),
+so a peer knows it was admitted, and one dropped before that connects again
+(:class:`~sparktrain.wire.frames.ChannelClient`): a flood of keyless connections cannot lock
+the ranks out. Connections that end without authenticating are counted and logged
+(:mod:`~sparktrain.wire.drops`).
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ from sparktrain.wire.frames import (
     seal,
     shutdown,
 )
+from sparktrain.wire.waiting import WaitingRoom
 
 AUTH_TIMEOUT = 10.0
 AUTH_FRAME_MAX = 4096
@@ -132,9 +131,7 @@ class FrameServer:
         self._sock.setblocking(False)
         self._advertise = advertise or bind or "127.0.0.1"
         self._conns: dict[int, Connection] = {}
-        # Waiting to authenticate, oldest first; and those of them that sent nothing yet.
-        self._pending: collections.OrderedDict[int, Connection] = collections.OrderedDict()
-        self._silent: collections.OrderedDict[int, Connection] = collections.OrderedDict()
+        self._waiting = WaitingRoom(max_pending)
         self._authenticated = 0
         self._paused: set[int] = set()
         self._frame_deadlines: list[tuple[float, int]] = []
@@ -281,8 +278,9 @@ class FrameServer:
         """Seconds until the next deadline the loop must act on (at most one)."""
         now = time.monotonic()
         soonest = now + 1.0  # the sweep for stuck sends
-        if self._pending:
-            soonest = min(soonest, next(iter(self._pending.values())).opened + AUTH_TIMEOUT)
+        oldest = self._waiting.oldest()
+        if oldest is not None:
+            soonest = min(soonest, oldest.opened + AUTH_TIMEOUT)
         if self._frame_deadlines:
             soonest = min(soonest, self._frame_deadlines[0][0])
         due = self.drops.due()
@@ -328,7 +326,8 @@ class FrameServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._make_room()  # before its nonce: a peer that has one holds a place
+            # Before its nonce: a peer that has one holds a place.
+            self._waiting.make_room(self._read, self._make_room_drop)
             conn = Connection(next(self._ids), sock)
             try:
                 sent = sock.send(conn.nonce)  # a fresh socket's buffer takes 16 bytes
@@ -340,28 +339,12 @@ class FrameServer:
                 continue
             with self._lock:
                 self._conns[conn.id] = conn
-            self._pending[conn.id] = conn
-            self._silent[conn.id] = conn
+            self._waiting.add(conn)
             self._watch(conn)
 
-    def _make_room(self) -> None:
-        """Bring the connections waiting to authenticate below ``max_pending``.
-
-        What the oldest sent is read first: a peer whose frame has arrived authenticates, one
-        that hung up is closed. Only then is one dropped: the oldest that has sent nothing,
-        else the oldest. Each turn removes a connection or moves one out of the silent ones,
-        so this ends.
-        """
-        while len(self._pending) >= self.max_pending:
-            oldest = next(iter((self._silent or self._pending).values()))
-            was_silent = oldest.id in self._silent
-            self._read(oldest)
-            if oldest.closed or oldest.authenticated:
-                continue
-            if was_silent and oldest.id not in self._silent:
-                continue  # it has just begun to send: an older silent one goes first
-            self._reject("did not authenticate before newer connections needed room")
-            self._close(oldest)
+    def _make_room_drop(self, conn: Connection) -> None:
+        self._reject("did not authenticate before newer connections needed room")
+        self._close(conn)
 
     def _out_of_files(self, exc: OSError) -> None:
         """accept() failed (usually EMFILE): refuse the waiting connection rather than spin."""
@@ -420,7 +403,7 @@ class FrameServer:
                 self._close(conn)  # EOF (a half-sent frame is not an attack)
                 return
             conn.buf += data
-            self._silent.pop(conn.id, None)
+            self._waiting.heard(conn)
             self._parse(conn)
             if conn.closed or conn.authenticated or len(data) < want:
                 return
@@ -468,7 +451,7 @@ class FrameServer:
 
     def _authenticate(self, conn: Connection) -> bool:
         """``conn``'s first frame checked out: admit it, if there is room."""
-        del self._pending[conn.id]
+        self._waiting.remove(conn)
         if self._authenticated >= self.max_connections:
             self._reject(f"more than {self.max_connections} authenticated connections")
             self._close(conn)
@@ -480,8 +463,7 @@ class FrameServer:
 
     def _expire(self, now: float) -> None:
         self.drops.flush(now)
-        while self._pending:
-            oldest = next(iter(self._pending.values()))
+        while (oldest := self._waiting.oldest()) is not None:
             if oldest.opened + AUTH_TIMEOUT > now:
                 break
             self._reject("no authenticated frame in time")
@@ -507,8 +489,7 @@ class FrameServer:
             conn.out.clear()
         with self._lock:
             self._conns.pop(conn.id, None)
-        self._pending.pop(conn.id, None)
-        self._silent.pop(conn.id, None)
+        self._waiting.remove(conn)
         self._paused.discard(conn.id)
         if conn.events:
             self._sel.unregister(conn.sock)
