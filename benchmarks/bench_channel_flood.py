@@ -24,7 +24,7 @@ short runs under it and as many undisturbed ones, side by side, with how many re
 right value and how many of their ranks' reports reached the driver.
 
     python benchmarks/bench_channel_flood.py [--case hold|churn|both] [--connections 1000]
-        [--slow 200] [--seconds 5] [--runs 6] [--reports 20]
+        [--slow 200] [--seconds 5] [--runs 6] [--reports 20] [--churners 1]
 """
 
 from __future__ import annotations
@@ -396,10 +396,11 @@ def churn_once(args: argparse.Namespace, churn: bool) -> ChurnRun:
         if churn:
             host, _, port = server.address.rpartition(":")
             command = [sys.executable, str(CHURN), host, port, "--seconds", "120"]
-            child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-            strangers.append(child)
-            assert child.stdout is not None
-            child.stdout.readline()  # "churning": the flood is on
+            for _ in range(args.churners):
+                child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+                strangers.append(child)
+                assert child.stdout is not None
+                child.stdout.readline()  # "churning": the flood is on
 
     runner._channel_hook = on_channel
     error = ""
@@ -442,8 +443,9 @@ def churn_report(args: argparse.Namespace, quiet: list[ChurnRun], churned: list[
     width = max(len(r[0]) for r in rows)
     print()
     print(
-        f"driver channel under a connection churn: a stranger opening and closing connections "
-        f"as fast as it can (holding its newest 128), 127.0.0.1, from before the tasks connect; "
+        f"driver channel under a connection churn: {args.churners} stranger process(es) opening "
+        f"and closing connections as fast as they can (each holding its newest 128), 127.0.0.1, "
+        f"from before the tasks connect; "
         f"SparkRunner(np=-2), {args.runs} runs each, {args.reports} reports per rank"
     )
     header = f"{'':<{width}}  {'no churn':>12}  {'churn':>12}"
@@ -472,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--case", choices=("hold", "churn", "both"), default="both")
     parser.add_argument("--runs", type=int, default=6, help="runs per side, churn case")
     parser.add_argument("--reports", type=int, default=20, help="reports per rank, churn case")
+    parser.add_argument("--churners", type=int, default=1, help="stranger processes, churn case")
     parser.add_argument("--flood", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.flood:

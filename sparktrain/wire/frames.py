@@ -34,6 +34,10 @@ _HEADER = struct.Struct(">4sI")
 HEADER_BYTES = _HEADER.size
 TO_SERVER = b"C"
 TO_CLIENT = b"S"
+# What a server sends a peer whose first frame failed (wrong key, bad framing) before it closes
+# the connection: not a frame (frames begin with MAGIC), so a client with the wrong key learns
+# it at once instead of trying again. A peer dropped to make room gets no such word.
+REFUSED = b"\0"
 # A client's pauses between attempts to be admitted: the first, and the longest.
 RETRY_FIRST = 0.01
 RETRY_MOST = 0.5
@@ -249,7 +253,14 @@ class ChannelClient:
             nonce = recv_exact(sock, NONCE_BYTES, deadline)
             # A small first frame proves the key before the server buffers anything larger.
             sock.sendall(encode(self._key, nonce, TO_SERVER, 0, {"type": AUTH}))
-            answer = read_frame(sock, self._key, nonce, TO_CLIENT, 0, limit=4096, deadline=deadline)
+            first = recv_exact(sock, 1, deadline)
+            if first == REFUSED:
+                raise FrameError("it refused this connection's first frame (not the run's key?)")
+            header = first + recv_exact(sock, HEADER_BYTES - 1, deadline)
+            length = frame_length(header, 4096)
+            mac = recv_exact(sock, MAC_BYTES, deadline)
+            body = recv_exact(sock, length, deadline)
+            answer = open_frame(self._key, nonce, TO_CLIENT, 0, mac, body)
             if answer.get("type") != AUTH:
                 raise FrameError(f"the server's first frame is {answer.get('type')!r}")
         except BaseException:

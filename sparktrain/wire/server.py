@@ -53,6 +53,7 @@ from sparktrain.wire.frames import (
     MAC_BYTES,
     MAX_FRAME,
     NONCE_BYTES,
+    REFUSED,
     TO_CLIENT,
     TO_SERVER,
     FrameError,
@@ -88,8 +89,8 @@ class FrameServer:
             :func:`~sparktrain.wire.address.listen_address`.
         advertise: the host name or address peers should connect to (default: ``bind``).
         max_connections: most authenticated connections at once; more are refused.
-        max_pending: most connections waiting to authenticate; beyond it, the oldest that
-            has sent nothing (else the oldest) makes room, once what it sent has been read.
+        max_pending: most connections waiting to authenticate; beyond it, the oldest makes
+            room, once what it sent has been read.
         name: names the thread, and the server in log messages.
         room: whether the consumer takes more messages now; after a delivery while it says
             no, that connection is not read until :meth:`resume` (its peer's sends wait in
@@ -403,7 +404,6 @@ class FrameServer:
                 self._close(conn)  # EOF (a half-sent frame is not an attack)
                 return
             conn.buf += data
-            self._waiting.heard(conn)
             self._parse(conn)
             if conn.closed or conn.authenticated or len(data) < want:
                 return
@@ -439,6 +439,11 @@ class FrameServer:
                     self._watch(conn)
         except FrameError as exc:
             self._reject(str(exc))
+            if not conn.authenticated:
+                try:
+                    conn.sock.send(REFUSED)  # so a client with the wrong key does not retry
+                except OSError:
+                    pass
             self._close(conn)
             return
         del buf[:at]

@@ -2,9 +2,12 @@
 makes room for a new one.
 
 A flood of keyless connections fills this room in an instant, so who is dropped decides
-whether a task's connection, made in the middle of it, gets through: what the oldest have sent
-is read first (a peer whose frame has arrived authenticates then, one that hung up is closed),
-and only then is one dropped, the oldest that has sent nothing before any that has sent.
+whether a task's connection, made in the middle of it, gets through. What the oldest has sent
+is read first (a peer whose frame has arrived authenticates then, one that hung up is closed);
+only then is it dropped. The oldest goes first whatever it sent: preferring to drop the silent
+ones would let a stranger that sends one byte push a task's connection, silent until its
+first frame arrives, out at the next connection; oldest first leaves every new connection the
+time the server takes to accept ``size`` more.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from sparktrain.wire.connection import Connection
 
 
 class WaitingRoom:
-    """Connections waiting to authenticate, oldest first, and which of them sent nothing yet.
+    """Connections waiting to authenticate, oldest first.
 
     Args:
         size: most connections that may wait at once.
@@ -25,24 +28,17 @@ class WaitingRoom:
     def __init__(self, size: int) -> None:
         self.size = size
         self._all: collections.OrderedDict[int, Connection] = collections.OrderedDict()
-        self._silent: collections.OrderedDict[int, Connection] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._all)
 
     def add(self, conn: Connection) -> None:
-        """A new connection, that has sent nothing yet."""
+        """A new connection."""
         self._all[conn.id] = conn
-        self._silent[conn.id] = conn
-
-    def heard(self, conn: Connection) -> None:
-        """``conn`` has sent something."""
-        self._silent.pop(conn.id, None)
 
     def remove(self, conn: Connection) -> None:
         """``conn`` no longer waits (it authenticated, or is closed)."""
         self._all.pop(conn.id, None)
-        self._silent.pop(conn.id, None)
 
     def oldest(self) -> Connection | None:
         """The connection that has waited longest, if any waits."""
@@ -54,18 +50,13 @@ class WaitingRoom:
         """Bring the room below :attr:`size`, for one more connection.
 
         Args:
-            read: reads what a connection has sent (it may authenticate or close it, either
-                of which takes it out of the room through :meth:`remove`, or mark it heard).
-            drop: drops a connection (and takes it out of the room).
-
-        Each turn takes a connection out or moves one out of the silent ones, so this ends.
+            read: reads what a connection has sent; it may authenticate or close it, either
+                of which takes it out of the room through :meth:`remove`.
+            drop: drops a connection (and takes it out of the room through :meth:`remove`).
         """
         while len(self._all) >= self.size:
-            oldest = next(iter((self._silent or self._all).values()))
-            was_silent = oldest.id in self._silent
+            oldest = next(iter(self._all.values()))
             read(oldest)
-            if oldest.id not in self._all:
-                continue  # it authenticated, or it was gone
-            if was_silent and oldest.id not in self._silent:
-                continue  # it has just begun to send: an older silent one goes first
-            drop(oldest)
+            if oldest.id in self._all:
+                drop(oldest)
+                self._all.pop(oldest.id, None)  # out, however ``drop`` went

@@ -1,23 +1,24 @@
 """Being admitted by a frame server under a flood: a client dropped before the server
-answered connects again, a silent stranger makes room before a peer that has sent, and the
-log's counts of dropped connections add up to what was dropped."""
+answered connects again, the oldest waiting connection is read before it is dropped to make
+room, and the log's counts of dropped connections add up to what was dropped."""
 
 from __future__ import annotations
 
 import logging
 import re
 import socket
-import struct
 import threading
+from collections.abc import Callable
 
 import pytest
 
 from sparktrain import wire
-from sparktrain.wire.frames import MAGIC, NONCE_BYTES
+from sparktrain.wire.connection import Connection
+from sparktrain.wire.frames import NONCE_BYTES
+from sparktrain.wire.waiting import WaitingRoom
 from tests.helpers import wait_for
 
 KEY = b"k" * 32
-HEADER = struct.Struct(">4sI")
 
 
 def _fake_server(listener: socket.socket, drop_first: int, got: list[dict]) -> None:
@@ -59,31 +60,79 @@ def test_nothing_listening_is_not_retried() -> None:
         wire.ChannelClient(f"127.0.0.1:{port}", KEY, timeout=3600)  # at once, not in an hour
 
 
-def test_a_silent_stranger_makes_room_before_a_peer_that_has_sent() -> None:
-    server = wire.FrameServer(KEY, lambda *_: None, max_pending=4)
+class Room:
+    """A waiting room of ``n`` connections (0 oldest) and a log of what was done to them."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.pairs = [socket.socketpair() for _ in range(n)]
+        self.conns = [Connection(i, a) for i, (a, _) in enumerate(self.pairs)]
+        self.room = WaitingRoom(size)
+        for conn in self.conns:
+            self.room.add(conn)
+        self.done: list[tuple[str, int]] = []
+
+    def read(self, arrived: set[int]) -> Callable[[Connection], None]:
+        """Reading admits (or closes) the connections whose frame (or EOF) has ``arrived``."""
+
+        def read(conn: Connection) -> None:
+            self.done.append(("read", conn.id))
+            if conn.id in arrived:
+                self.room.remove(conn)
+
+        return read
+
+    def drop(self, conn: Connection) -> None:
+        self.done.append(("drop", conn.id))
+        self.room.remove(conn)
+
+    def close(self) -> None:
+        for a, b in self.pairs:
+            a.close()
+            b.close()
+
+
+def test_the_oldest_is_read_before_it_is_dropped() -> None:
+    room = Room(4, size=4)
     try:
-        address = wire.parse_address(server.address)
-        # Half a header: it has sent something, and is the oldest.
-        sender = socket.create_connection(address, timeout=5)
-        assert len(wire.recv_exact(sender, NONCE_BYTES)) == NONCE_BYTES
-        sender.sendall(HEADER.pack(MAGIC, 64)[:6])
-        silent = []
-        for _ in range(3 + 10):
-            sock = socket.create_connection(address, timeout=5)
-            wire.recv_exact(sock, NONCE_BYTES)  # accepted
-            silent.append(sock)
-        assert server.rejected == 10
-        # The ten dropped were the oldest silent ones; the sender waits on.
-        sender.settimeout(0.2)
-        with pytest.raises(TimeoutError):
-            sender.recv(1)
-        for sock in silent[:10]:
-            sock.settimeout(5)
-            assert sock.recv(1) == b""
+        room.room.make_room(room.read(set()), room.drop)
+        assert room.done == [("read", 0), ("drop", 0)]
+        assert len(room.room) == 3 and room.room.oldest() is room.conns[1]
     finally:
-        server.close()
-        for sock in [sender, *silent]:
-            sock.close()
+        room.close()
+
+
+def test_a_connection_whose_frame_has_arrived_is_admitted_not_dropped() -> None:
+    room = Room(4, size=4)
+    try:
+        # The oldest has sent its frame (or hung up) meanwhile: reading takes it out, and
+        # there is room without a drop; and so again for the next.
+        room.room.make_room(room.read({0}), room.drop)
+        assert room.done == [("read", 0)]
+        room.room.add(Connection(9, room.pairs[0][1]))
+        room.room.make_room(room.read({1}), room.drop)
+        assert room.done == [("read", 0), ("read", 1)]
+        assert len(room.room) == 3
+    finally:
+        room.close()
+
+
+def test_the_oldest_makes_room_whatever_it_sent() -> None:
+    # Silent or not, the oldest goes first: a stranger that sends a byte cannot make a new
+    # connection (silent until its first frame arrives) the one to go.
+    room = Room(6, size=4)
+    try:
+        room.room.make_room(room.read(set()), room.drop)
+        assert room.done == [
+            ("read", 0),
+            ("drop", 0),
+            ("read", 1),
+            ("drop", 1),
+            ("read", 2),
+            ("drop", 2),
+        ]
+        assert room.room.oldest() is room.conns[3]
+    finally:
+        room.close()
 
 
 COUNTS = re.compile(r"(\d+) connection\(s\) dropped .*?, (\d+) closed by their peer")
@@ -97,6 +146,7 @@ def test_the_logged_counts_add_up_to_what_was_dropped(caplog: pytest.LogCaptureF
         with socket.create_connection(address, timeout=5) as sock:
             wire.recv_exact(sock, NONCE_BYTES)
             sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            assert sock.recv(2) == wire.REFUSED  # refused, and closed
             assert sock.recv(1) == b""
     for _ in range(20):  # hung up without a word: closed by their peer
         with socket.create_connection(address, timeout=5) as sock:

@@ -32,8 +32,9 @@ def _report_and_return() -> str:
     return f"rank {sparktrain.rank()} of {sparktrain.world_size()}"
 
 
+@pytest.mark.parametrize("opening", ["silent", "one byte"])
 def test_a_connection_churn_fails_no_run_and_loses_no_report(
-    caplog: pytest.LogCaptureFixture,
+    opening: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sparktrain.wire")
     for _ in range(RUNS):
@@ -46,7 +47,8 @@ def test_a_connection_churn_fails_no_run_and_loses_no_report(
             channels.append(server)
             host, _, port = server.address.rpartition(":")
             flood = subprocess.Popen(
-                [sys.executable, str(CHURN), host, port, "--seconds", "60"],
+                [sys.executable, str(CHURN), host, port, "--seconds", "60"]
+                + (["--byte"] if opening == "one byte" else []),
                 stdout=subprocess.PIPE,
                 text=True,
             )
