@@ -17,7 +17,14 @@ says whether each run's rank 0 was forked, from the run's record. The wall-time 
 printed only when both runs returned the right value; otherwise the benchmark exits with
 status 1 after the table (a run the flood made fail is a finding, not a time).
 
-    python benchmarks/bench_channel_flood.py [--connections 1000] [--slow 200] [--seconds 5]
+The churn case (``--case churn``) is a stranger that opens connections and closes them again
+as fast as it can (``tests/fixtures/churn.py``, a process of its own, holding its newest 128),
+started once the channel listens and before the tasks connect, for the whole run: ``--runs``
+short runs under it and as many undisturbed ones, side by side, with how many returned the
+right value and how many of their ranks' reports reached the driver.
+
+    python benchmarks/bench_channel_flood.py [--case hold|churn|both] [--connections 1000]
+        [--slow 200] [--seconds 5] [--runs 6] [--reports 20] [--churners 1]
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import argparse
 import dataclasses
 import json
 import os
+import pathlib
 import selectors
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -43,6 +52,7 @@ HEADER = struct.Struct(">4sI")
 MB = 1 << 20
 RSS_TARGET_MB = 50
 CONNECT_TIMEOUT = 2.0
+CHURN = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "churn.py"
 
 
 def train(seconds: float) -> str:
@@ -61,6 +71,18 @@ def train(seconds: float) -> str:
 
 
 EXPECTED = "rank 0 of 2"
+
+
+def report_steps(steps: int) -> str:
+    """Report ``steps`` times, a twentieth of a second apart; return a value to check."""
+    import time
+
+    import sparktrain
+
+    for step in range(steps):
+        sparktrain.report(step=step, loss=1.0 / (step + 1))
+        time.sleep(0.05)
+    return f"rank {sparktrain.rank()} of {sparktrain.world_size()}"
 
 
 # -- the attacker: a separate process, so the driver's memory and threads are its own ----------
@@ -349,6 +371,97 @@ def report(args: argparse.Namespace, quiet: Outcome, flooded: Outcome) -> None:
     print(f"wall time ratio flood / no flood: {flooded.seconds / quiet.seconds:.2f}")
 
 
+@dataclasses.dataclass
+class ChurnRun:
+    """One short run, with or without a churning stranger at its channel."""
+
+    correct: bool
+    reports: int
+    seconds: float
+    error: str = ""
+    ended: int = 0  # connections that ended at the channel without authenticating
+
+
+def churn_once(args: argparse.Namespace, churn: bool) -> ChurnRun:
+    """One run of :func:`report_steps`; with ``churn``, the stranger starts once the channel
+    listens (before the local supervisor connects) and churns until the run has ended."""
+    from sparktrain import SparkRunner
+
+    runner = SparkRunner(np=-2, progress=False, start_timeout=60, timeout=120)
+    servers: list[Any] = []
+    strangers: list[subprocess.Popen[str]] = []
+
+    def on_channel(server: Any) -> None:
+        servers.append(server)
+        if churn:
+            host, _, port = server.address.rpartition(":")
+            command = [sys.executable, str(CHURN), host, port, "--seconds", "120"]
+            for _ in range(args.churners):
+                child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+                strangers.append(child)
+                assert child.stdout is not None
+                child.stdout.readline()  # "churning": the flood is on
+
+    runner._channel_hook = on_channel
+    error = ""
+    start = time.perf_counter()
+    try:
+        value = runner.run(report_steps, args.reports)
+    except Exception as exc:  # noqa: BLE001 - a failed run is a result to count
+        value, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    seconds = time.perf_counter() - start
+    for child in strangers:
+        child.terminate()
+        child.wait(30)
+    server = servers[-1] if servers else None
+    ended = server.rejected + getattr(server, "abandoned", 0) if server is not None else 0
+    return ChurnRun(value == EXPECTED, len(runner.history), seconds, error, ended)
+
+
+def churn_report(args: argparse.Namespace, quiet: list[ChurnRun], churned: list[ChurnRun]) -> None:
+    expected = 2 * args.reports
+    rows: list[tuple[str, str, str]] = []
+
+    def row(name: str, get: Any) -> None:
+        rows.append((name, get(quiet), get(churned)))
+
+    row("runs that returned the right value", lambda r: f"{sum(x.correct for x in r)} / {len(r)}")
+    row(
+        "reports received, all runs",
+        lambda r: f"{sum(x.reports for x in r)} / {expected * len(r)}",
+    )
+    row(
+        "runs with every report",
+        lambda r: f"{sum(x.reports == expected for x in r)} / {len(r)}",
+    )
+    row("wall time per run, median s", lambda r: f"{statistics.median(x.seconds for x in r):.2f}")
+    row("wall time per run, max s", lambda r: f"{max(x.seconds for x in r):.2f}")
+    row(
+        "keyless connections ended at the channel, median",
+        lambda r: f"{statistics.median(x.ended for x in r):.0f}",
+    )
+    width = max(len(r[0]) for r in rows)
+    print()
+    print(
+        f"driver channel under a connection churn: {args.churners} stranger process(es) opening "
+        f"and closing connections as fast as they can (each holding its newest 128), 127.0.0.1, "
+        f"from before the tasks connect; "
+        f"SparkRunner(np=-2), {args.runs} runs each, {args.reports} reports per rank"
+    )
+    header = f"{'':<{width}}  {'no churn':>12}  {'churn':>12}"
+    print(header)
+    print("-" * len(header))
+    for name, q, c in rows:
+        print(f"{name:<{width}}  {q:>12}  {c:>12}")
+    for run in quiet + churned:
+        if run.error:
+            print(f"  a run failed: {run.error}")
+    print(
+        "wall time ratio churn / no churn (medians): "
+        f"{statistics.median(x.seconds for x in churned) / statistics.median(x.seconds for x in quiet):.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=1000, help="unauthenticated, at once")
@@ -358,15 +471,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--flood-seconds", type=float, default=20.0, help="longest the attacker holds on"
     )
+    parser.add_argument("--case", choices=("hold", "churn", "both"), default="both")
+    parser.add_argument("--runs", type=int, default=6, help="runs per side, churn case")
+    parser.add_argument("--reports", type=int, default=20, help="reports per rank, churn case")
+    parser.add_argument("--churners", type=int, default=1, help="stranger processes, churn case")
     parser.add_argument("--flood", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.flood:
         flood(args.flood, args.connections, args.slow, args.interval, args.flood_seconds)
         return
     run_once(args, attack=False)  # warm-up: imports and first-run costs
-    quiet = run_once(args, attack=False)
-    flooded = run_once(args, attack=True)
-    report(args, quiet, flooded)
+    if args.case in ("churn", "both"):
+        # Interleaved, so that the machine's load falls on both sides alike.
+        pairs = [(churn_once(args, False), churn_once(args, True)) for _ in range(args.runs)]
+        churn_report(args, [q for q, _ in pairs], [c for _, c in pairs])
+    if args.case in ("hold", "both"):
+        quiet = run_once(args, attack=False)
+        flooded = run_once(args, attack=True)
+        report(args, quiet, flooded)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import socket
 import struct
 import threading
@@ -33,6 +34,13 @@ _HEADER = struct.Struct(">4sI")
 HEADER_BYTES = _HEADER.size
 TO_SERVER = b"C"
 TO_CLIENT = b"S"
+# What a server sends a peer whose first frame failed (wrong key, bad framing) before it closes
+# the connection: not a frame (frames begin with MAGIC), so a client with the wrong key learns
+# it at once instead of trying again. A peer dropped to make room gets no such word.
+REFUSED = b"\0"
+# A client's pauses between attempts to be admitted: the first, and the longest.
+RETRY_FIRST = 0.01
+RETRY_MOST = 0.5
 
 
 class FrameError(Exception):
@@ -192,26 +200,75 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class ChannelClient:
-    """A connection to the driver's channel; sending is thread-safe.
+    """A connection to the driver's channel (or another frame server); sending is thread-safe.
+
+    The connection is made when the server has answered its first frame: a server under a
+    flood of strangers' connections may drop a new one before its first frame arrives, and
+    then it is made again (after a short, growing pause) until ``timeout`` runs out. So
+    nothing is sent over a connection the server has not admitted.
 
     Args:
-        address: ``host:port`` of the driver's channel.
+        address: ``host:port`` of the server.
         key: the run's key.
-        timeout: seconds to connect.
+        timeout: seconds to be admitted in, retries included.
+
+    Raises:
+        ConnectionRefusedError: nothing listens at ``address`` (not retried).
+        ConnectionError: the server was not reached or did not admit it within ``timeout``,
+            or its answer failed authentication (it does not hold the run's key).
     """
 
     def __init__(self, address: str, key: bytes, timeout: float = 30.0) -> None:
         self._key = key
-        self._sock = socket.create_connection(parse_address(address), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._nonce = recv_exact(self._sock, NONCE_BYTES)
-        self._sock.settimeout(None)
         self._send_seq = 0
         self._recv_seq = 0
         self._lock = threading.Lock()
         self.closed = False
-        # A small first frame proves the key before the server buffers anything larger.
-        self.send({"type": AUTH})
+        self.attempts = 0
+        deadline = time.monotonic() + timeout
+        pause = RETRY_FIRST
+        while True:
+            self.attempts += 1
+            try:
+                self._sock, self._nonce = self._admitted(parse_address(address), deadline)
+                return
+            except ConnectionRefusedError:
+                raise
+            except FrameError as exc:
+                raise ConnectionError(f"{address} failed authentication: {exc}") from None
+            except (OSError, EOFError) as exc:
+                if time.monotonic() + pause >= deadline:
+                    raise ConnectionError(
+                        f"{address} did not admit this connection within {timeout:g}s "
+                        f"({self.attempts} attempt(s); last: {str(exc) or type(exc).__name__})"
+                    ) from None
+            time.sleep(pause * random.uniform(0.5, 1.0))  # apart from the others retrying
+            pause = min(pause * 2, RETRY_MOST)
+
+    def _admitted(self, address: tuple[str, int], deadline: float) -> tuple[socket.socket, bytes]:
+        """One connection, once the server has answered its first frame: (socket, nonce)."""
+        sock = socket.create_connection(address, timeout=max(0.001, deadline - time.monotonic()))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = recv_exact(sock, NONCE_BYTES, deadline)
+            # A small first frame proves the key before the server buffers anything larger.
+            sock.sendall(encode(self._key, nonce, TO_SERVER, 0, {"type": AUTH}))
+            first = recv_exact(sock, 1, deadline)
+            if first == REFUSED:
+                raise FrameError("it refused this connection's first frame (not the run's key?)")
+            header = first + recv_exact(sock, HEADER_BYTES - 1, deadline)
+            length = frame_length(header, 4096)
+            mac = recv_exact(sock, MAC_BYTES, deadline)
+            body = recv_exact(sock, length, deadline)
+            answer = open_frame(self._key, nonce, TO_CLIENT, 0, mac, body)
+            if answer.get("type") != AUTH:
+                raise FrameError(f"the server's first frame is {answer.get('type')!r}")
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        self._send_seq = self._recv_seq = 1
+        return sock, nonce
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one message; raises OSError if the connection is gone."""

@@ -17,13 +17,16 @@ reads nothing for :data:`FRAME_TIMEOUT` while data waits for it, or lets more th
 up, is dropped. The callbacks run on that thread, so they must return quickly and never wait
 on the network.
 
-Connections are bounded: at most ``max_pending`` may be waiting to authenticate (the oldest is
-dropped to make room for a new one, so a flood cannot lock the ranks out) and at most
-``max_connections`` may be authenticated; each needs a file descriptor, so the server raises
-the process's soft ``RLIMIT_NOFILE`` toward its hard limit when the two need it, and refuses
-to start, naming the limit, when they cannot be had. Rejected connections (failed, late,
-too slow, or over the limits) are counted and logged, at most once per :data:`LOG_INTERVAL`
-seconds.
+Connections are bounded: at most ``max_pending`` may be waiting to authenticate (who makes
+room for a new one: :mod:`~sparktrain.wire.waiting`) and at most ``max_connections`` may be
+authenticated; each needs a file descriptor, so the server raises the process's soft
+``RLIMIT_NOFILE`` toward its hard limit when the two need it, and refuses to start, naming
+the limit, when they cannot be had. A connection that authenticated is never dropped to make
+room, and the server answers its first frame at once (:data:`~sparktrain.wire.frames.AUTH`),
+so a peer knows it was admitted, and one dropped before that connects again
+(:class:`~sparktrain.wire.frames.ChannelClient`): a flood of keyless connections cannot lock
+the ranks out. Connections that end without authenticating are counted and logged
+(:mod:`~sparktrain.wire.drops`).
 """
 
 from __future__ import annotations
@@ -43,11 +46,14 @@ from typing import Any
 
 from sparktrain.wire import protocol
 from sparktrain.wire.connection import FD_RESERVE, MAX_OUTBOX, Connection, ensure_fd_limit
+from sparktrain.wire.drops import LOG_INTERVAL, DropLog
 from sparktrain.wire.frames import (
+    AUTH,
     HEADER_BYTES,
     MAC_BYTES,
     MAX_FRAME,
     NONCE_BYTES,
+    REFUSED,
     TO_CLIENT,
     TO_SERVER,
     FrameError,
@@ -57,12 +63,14 @@ from sparktrain.wire.frames import (
     seal,
     shutdown,
 )
+from sparktrain.wire.waiting import WaitingRoom
 
 AUTH_TIMEOUT = 10.0
 AUTH_FRAME_MAX = 4096
 FRAME_TIMEOUT = 60.0
-LOG_INTERVAL = 10.0
 _READ_CHUNK = 1 << 16
+# The server's answer to a connection's first frame: it was admitted.
+_WELCOME = encode_body({"type": AUTH})
 
 _log = logging.getLogger("sparktrain.wire")
 
@@ -81,7 +89,8 @@ class FrameServer:
             :func:`~sparktrain.wire.address.listen_address`.
         advertise: the host name or address peers should connect to (default: ``bind``).
         max_connections: most authenticated connections at once; more are refused.
-        max_pending: most connections waiting to authenticate; the oldest makes room.
+        max_pending: most connections waiting to authenticate; beyond it, the oldest makes
+            room, once what it sent has been read.
         name: names the thread, and the server in log messages.
         room: whether the consumer takes more messages now; after a delivery while it says
             no, that connection is not read until :meth:`resume` (its peer's sends wait in
@@ -110,7 +119,7 @@ class FrameServer:
     ) -> None:
         ensure_fd_limit(max_connections + max_pending, required_connections)
         self.key = key
-        self.rejected = 0
+        self.drops = DropLog(name)
         self.name = name
         self.max_connections = max_connections
         self.max_pending = max_pending
@@ -123,16 +132,13 @@ class FrameServer:
         self._sock.setblocking(False)
         self._advertise = advertise or bind or "127.0.0.1"
         self._conns: dict[int, Connection] = {}
-        # Waiting to authenticate, oldest first.
-        self._pending: collections.OrderedDict[int, Connection] = collections.OrderedDict()
+        self._waiting = WaitingRoom(max_pending)
         self._authenticated = 0
         self._paused: set[int] = set()
         self._frame_deadlines: list[tuple[float, int]] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
-        self._last_log = 0.0
-        self._unlogged = 0
         self._last_sweep = 0.0
         # Work handed to the loop by other threads: ("write" | "drop" | "slow" | "resume", id).
         self._todo: collections.deque[tuple[str, int]] = collections.deque()
@@ -146,6 +152,16 @@ class FrameServer:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def rejected(self) -> int:
+        """Connections dropped: failed authentication or framing, too slow, over the limits."""
+        return self.drops.dropped
+
+    @property
+    def abandoned(self) -> int:
+        """Connections their peer closed before they authenticated."""
+        return self.drops.left
 
     @property
     def port(self) -> int:
@@ -252,6 +268,7 @@ class FrameServer:
         finally:
             for conn in list(self._conns.values()):
                 self._close(conn, notify=False)
+            self.drops.flush(time.monotonic(), last=True)
             self._sel.close()
             for sock in (self._sock, self._wake_r, self._wake_w):
                 sock.close()
@@ -262,10 +279,14 @@ class FrameServer:
         """Seconds until the next deadline the loop must act on (at most one)."""
         now = time.monotonic()
         soonest = now + 1.0  # the sweep for stuck sends
-        if self._pending:
-            soonest = min(soonest, next(iter(self._pending.values())).opened + AUTH_TIMEOUT)
+        oldest = self._waiting.oldest()
+        if oldest is not None:
+            soonest = min(soonest, oldest.opened + AUTH_TIMEOUT)
         if self._frame_deadlines:
             soonest = min(soonest, self._frame_deadlines[0][0])
+        due = self.drops.due()
+        if due is not None:
+            soonest = min(soonest, due)
         return max(0.0, soonest - now)
 
     def _drain_todo(self) -> None:
@@ -306,23 +327,25 @@ class FrameServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Before its nonce: a peer that has one holds a place.
+            self._waiting.make_room(self._read, self._make_room_drop)
             conn = Connection(next(self._ids), sock)
             try:
                 sent = sock.send(conn.nonce)  # a fresh socket's buffer takes 16 bytes
             except OSError:
-                sock.close()
-                continue
+                sent = 0  # reset by its peer already
             if sent != NONCE_BYTES:
+                self.drops.gone()
                 sock.close()
                 continue
-            while len(self._pending) >= self.max_pending:
-                _, old = self._pending.popitem(last=False)
-                self._reject("did not authenticate before newer connections needed room")
-                self._close(old)
             with self._lock:
                 self._conns[conn.id] = conn
-            self._pending[conn.id] = conn
+            self._waiting.add(conn)
             self._watch(conn)
+
+    def _make_room_drop(self, conn: Connection) -> None:
+        self._reject("did not authenticate before newer connections needed room")
+        self._close(conn)
 
     def _out_of_files(self, exc: OSError) -> None:
         """accept() failed (usually EMFILE): refuse the waiting connection rather than spin."""
@@ -358,25 +381,32 @@ class FrameServer:
         self._watch(conn)
 
     def _read(self, conn: Connection) -> None:
-        if conn.authenticated:
-            want = _READ_CHUNK
-        elif len(conn.buf) < HEADER_BYTES:
-            want = HEADER_BYTES - len(conn.buf)  # not a byte more before the length is checked
-        else:
-            # _parse has checked this header's length against AUTH_FRAME_MAX.
-            length = int.from_bytes(conn.buf[4:HEADER_BYTES], "big")
-            want = HEADER_BYTES + MAC_BYTES + length - len(conn.buf)
-        try:
-            data = conn.sock.recv(want)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)  # EOF (a half-sent frame is not an attack)
-            return
-        conn.buf += data
-        self._parse(conn)
+        """Read what ``conn`` has sent: one chunk once it is authenticated; before that, as
+        far as its first frame (its header first, then as much as the header announced)."""
+        while True:
+            if conn.authenticated:
+                want = _READ_CHUNK
+            elif len(conn.buf) < HEADER_BYTES:
+                want = HEADER_BYTES - len(conn.buf)  # not a byte more before the length is checked
+            else:
+                # _parse has checked this header's length against AUTH_FRAME_MAX.
+                length = int.from_bytes(conn.buf[4:HEADER_BYTES], "big")
+                want = HEADER_BYTES + MAC_BYTES + length - len(conn.buf)
+            try:
+                data = conn.sock.recv(want)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                if not conn.authenticated:
+                    self.drops.gone()
+                self._close(conn)  # EOF (a half-sent frame is not an attack)
+                return
+            conn.buf += data
+            self._parse(conn)
+            if conn.closed or conn.authenticated or len(data) < want:
+                return
 
     def _frame_started(self, conn: Connection) -> None:
         conn.frame_deadline = time.monotonic() + FRAME_TIMEOUT
@@ -409,6 +439,11 @@ class FrameServer:
                     self._watch(conn)
         except FrameError as exc:
             self._reject(str(exc))
+            if not conn.authenticated:
+                try:
+                    conn.sock.send(REFUSED)  # so a client with the wrong key does not retry
+                except OSError:
+                    pass
             self._close(conn)
             return
         del buf[:at]
@@ -421,18 +456,19 @@ class FrameServer:
 
     def _authenticate(self, conn: Connection) -> bool:
         """``conn``'s first frame checked out: admit it, if there is room."""
-        del self._pending[conn.id]
+        self._waiting.remove(conn)
         if self._authenticated >= self.max_connections:
             self._reject(f"more than {self.max_connections} authenticated connections")
             self._close(conn)
             return False
         conn.authenticated = True
         self._authenticated += 1
+        self._send_body(conn.id, _WELCOME)  # its peer now knows it was admitted
         return True
 
     def _expire(self, now: float) -> None:
-        while self._pending:
-            oldest = next(iter(self._pending.values()))
+        self.drops.flush(now)
+        while (oldest := self._waiting.oldest()) is not None:
             if oldest.opened + AUTH_TIMEOUT > now:
                 break
             self._reject("no authenticated frame in time")
@@ -458,7 +494,7 @@ class FrameServer:
             conn.out.clear()
         with self._lock:
             self._conns.pop(conn.id, None)
-        self._pending.pop(conn.id, None)
+        self._waiting.remove(conn)
         self._paused.discard(conn.id)
         if conn.events:
             self._sel.unregister(conn.sock)
@@ -477,19 +513,7 @@ class FrameServer:
             _log.exception("%s: a message handler failed", self.name)
 
     def _reject(self, why: str) -> None:
-        self.rejected += 1
-        self._unlogged += 1
-        now = time.monotonic()
-        if now - self._last_log < LOG_INTERVAL:
-            return
-        count, self._unlogged, self._last_log = self._unlogged, 0, now
-        _log.warning(
-            "%s: dropped %d connection(s) that failed authentication or framing, were too "
-            "slow, or were over the limits (latest: %s)",
-            self.name,
-            count,
-            why,
-        )
+        self.drops.drop(why)
 
 
 __all__ = [
@@ -497,6 +521,7 @@ __all__ = [
     "FD_RESERVE",
     "AUTH_TIMEOUT",
     "FRAME_TIMEOUT",
+    "LOG_INTERVAL",
     "MAX_FRAME",
     "MAX_OUTBOX",
     "FrameServer",

@@ -19,6 +19,8 @@ from sparktrain.wire import protocol
 
 # Re-exported for code that reads the run id where a rank runs (checkpoint ownership).
 RUN_ID_ENV = contract.RUN_ID_ENV
+# Seconds to be admitted by the driver's channel when the run does not say (outside a task).
+CONNECT_TIMEOUT = 10.0
 
 # Set by the SIGTERM handler that should_stop() installs. Signal handlers need state that
 # lives as long as the process; this is the one such piece in a rank.
@@ -115,7 +117,10 @@ def _client() -> wire.ChannelClient | None:
         client = None
         if address and key:
             try:
-                client = wire.ChannelClient(address, bytes.fromhex(key), timeout=10.0)
+                # Admitted within the run's start timeout, as its task was (a flood of
+                # strangers' connections may make it try a few times).
+                timeout = float(os.environ.get(contract.START_TIMEOUT_ENV) or CONNECT_TIMEOUT)
+                client = wire.ChannelClient(address, bytes.fromhex(key), timeout=timeout)
             except OSError as exc:
                 print(
                     f"sparktrain: cannot reach the driver ({exc}); messages stay local",

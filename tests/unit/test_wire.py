@@ -449,28 +449,41 @@ def test_client_close_event_only_for_authenticated_connections(server: ChannelSe
         server.events.get(timeout=0.2)
 
 
-def test_client_receive_refuses_a_forged_server_frame() -> None:
+@pytest.mark.parametrize("first", [True, False], ids=["its answer to auth", "a later frame"])
+def test_client_refuses_a_forged_server_frame(first: bool) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     try:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         nonce = os.urandom(NONCE_BYTES)
+        forged = {"type": "auth"} if first else {"type": "abort"}
 
         def fake_driver() -> None:
             conn, _ = listener.accept()
             with conn:
                 conn.sendall(nonce)
-                conn.sendall(wire.encode(b"z" * 32, nonce, wire.TO_CLIENT, 0, {"type": "abort"}))
-                conn.recv(1)
+                wire.read_frame(conn, KEY, nonce, wire.TO_SERVER, 0)  # the client's auth
+                if not first:  # a true answer: the client is admitted
+                    conn.sendall(wire.encode(KEY, nonce, wire.TO_CLIENT, 0, {"type": "auth"}))
+                seq = 0 if first else 1
+                conn.sendall(wire.encode(b"z" * 32, nonce, wire.TO_CLIENT, seq, forged))
+                while conn.recv(1 << 16):  # until the client has closed
+                    pass
 
         thread = threading.Thread(target=fake_driver, daemon=True)
         thread.start()
-        client = wire.ChannelClient(address, KEY, timeout=5)
-        try:
-            with pytest.raises(FrameError, match="authentication failed"):
-                client.receive()
-        finally:
-            client.close()
+        if first:
+            # Not this run's driver: no retry, and an error that says so.
+            with pytest.raises(ConnectionError, match="failed authentication"):
+                wire.ChannelClient(address, KEY, timeout=5)
+        else:
+            client = wire.ChannelClient(address, KEY, timeout=5)
+            try:
+                with pytest.raises(FrameError, match="authentication failed"):
+                    client.receive()
+            finally:
+                client.close()
         thread.join(5)
+        assert not thread.is_alive()
     finally:
         listener.close()
 
