@@ -49,16 +49,18 @@ def create(run_id: str, parent: str | None = None) -> Iterator[Path]:
     """A fresh folder for one task of ``run_id``, locked by this process while in use.
 
     The folder is made and locked under a name the sweep does not take for a finished folder,
-    then renamed: no sweep ever sees it unlocked. It is removed when the block ends.
+    then renamed: no sweep ever sees it unlocked. It is removed when the block ends. Where
+    another account holds the private folder's name, the folder goes to a fallback folder of
+    this user's (see :func:`sparktrain.private.usable_root`), with a warning naming it.
 
     Args:
         run_id: the run's id, part of the folder's name (to tell folders apart by eye).
         parent: where to make the private folder instead of the temporary folder.
 
     Raises:
-        NotPrivateError: the private folder is not this user's alone.
+        NotPrivateError: no private folder can be had in the temporary folder at all.
     """
-    base = private.folder(TASKS, parent)
+    base = private.usable_folder(TASKS, parent)
     sweep(base)
     prefix = f"{_STAGING}task-{_safe(run_id)}-{os.getpid()}-"  # the pid only for people
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
