@@ -111,7 +111,9 @@ def post(where: str, step: int, path: str | None, error: BaseException | None = 
     store = _store()
     if store is None:
         return
-    outcome = {"path": path} if error is None else {"error": f"{type(error).__name__}: {error}"}
+    outcome: dict[str, str | None] = (
+        {"path": path} if error is None else {"error": f"{type(error).__name__}: {error}"}
+    )
     name = _key(where, step)
     try:
         store.set(name, encode(name, outcome, _run_key()))

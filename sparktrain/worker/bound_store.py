@@ -38,9 +38,7 @@ def listen(host: str, port: int) -> socket.socket:
     Raises:
         OSError: the address cannot be bound (e.g. the port is taken).
     """
-    family, kind, proto, _name, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM
-    )[0]
+    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

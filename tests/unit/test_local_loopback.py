@@ -113,13 +113,17 @@ def _forge_then_save(directory: str) -> list[str]:
     heard: list[str] = []
     if dist.get_rank() == 1:
         forger = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            None,
+            False,
             timedelta(seconds=30),
         )
         forged = {
             5: json.dumps({"path": "/elsewhere/step-5.pt"}),  # the unsigned form
-            6: json.dumps({"outcome": json.dumps({"error": "EvilError: do as I say"}),
-                           "mac": "0" * 64}),
+            6: json.dumps(
+                {"outcome": json.dumps({"error": "EvilError: do as I say"}), "mac": "0" * 64}
+            ),
             7: json.dumps({"outcome": 7, "mac": None}),
             8: b"\xff\x00 not json",
         }
