@@ -8,7 +8,6 @@ import inspect
 import os
 import pickle
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import cloudpickle
 
 from sparktrain import private
 from sparktrain.errors import PayloadError
+from sparktrain.kept import LIFETIME
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -234,8 +234,7 @@ def load_kept(path: str | os.PathLike[str]) -> Any:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise PayloadError(
-                    f"refusing to load {path}: it is a symbolic link, not a file sparktrain "
-                    "kept"
+                    f"refusing to load {path}: it is a symbolic link, not a file sparktrain kept"
                 ) from exc
             raise
     finally:
@@ -276,7 +275,8 @@ def kept_result_name(run_id: str, attempt: int, rank: int = 0) -> str:
 
 
 def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) -> str:
-    """Keep a result that cannot be returned; the end of the error that says where.
+    """Keep a result that cannot be returned; the end of the error that says where, how to
+    read it back, and how long it stays (see :mod:`sparktrain.kept`).
 
     Args:
         data: the pickled result.
@@ -289,11 +289,11 @@ def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) ->
         try:
             path = keep_result(data, name)
         except private.NotPrivateError as exc:
-            # Someone else holds the private folder's name: a fresh folder of random name
-            # (mkdtemp: 0700, created exclusively) still keeps the result from being lost.
-            fallback = Path(tempfile.mkdtemp(prefix=f"{private.PREFIX}{os.getuid()}-results-"))
+            # Someone else holds the private folder's name: a folder of this user's alone
+            # beside it (see private.fallback) still keeps the result from being lost.
+            fallback = private.ensure(private.fallback() / KEPT_RESULTS)
             path = private.write_new(fallback, f"{name}.pkl", data)
             note = f"; the private folder could not be used: {exc}"
-    except OSError as exc:
+    except (OSError, private.NotPrivateError) as exc:
         return f"it could not be kept{on} either ({exc}{note})"
-    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back{note})"
+    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back; {LIFETIME}{note})"
