@@ -63,6 +63,9 @@ STACK_SIGNAL = signal.SIGUSR1
 # Set (to why, e.g. "Horovod is not installed") when ``import horovod`` on the rank must give
 # sparktrain's built-in horovod.torch: the worker then puts its shim first on sys.path.
 HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"
+# Set to 1 when rank 0 must make the process group's store listen on MASTER_ADDR alone (a
+# loopback address, for ``np < 0``) rather than on every interface, as torch's does.
+BOUND_STORE_ENV = "_SPARKTRAIN_BOUND_STORE"
 
 # -- warm starts (see sparktrain.worker.zygote) -------------------------------------------------
 # The fd of the Unix socket a zygote serves its owner on, and its idle lifetime in seconds.

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dis
+import errno
 import inspect
 import os
 import pickle
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import cloudpickle
 
 from sparktrain import private
 from sparktrain.errors import PayloadError
+from sparktrain.kept import LIFETIME
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -203,8 +204,11 @@ def load_kept(path: str | os.PathLike[str]) -> Any:
     """Load a result that sparktrain kept on this host (the path its error message gave).
 
     Unpickling runs code, so the file is read only if no other account could have written
-    it: a regular file (not a symbolic link) owned by the caller, in a folder that no one but
-    its owner (or root) can write.
+    it, judged on what is actually opened: its folder is opened once (a directory owned by
+    the caller or root that no one else can write) and the file is opened inside that very
+    folder without following a link or blocking, then must be a regular file owned by the
+    caller, writable by no one else, with no second name (a hard link another account made
+    keeps the file's owner and could be written through later).
 
     Example:
         >>> state = sparktrain.load_kept("/tmp/sparktrain-1000/results/ab12-attempt1-rank0.pkl")
@@ -214,31 +218,29 @@ def load_kept(path: str | os.PathLike[str]) -> Any:
         OSError: it cannot be read.
     """
     path = os.fspath(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    folder_info = os.stat(parent)
-    if folder_info.st_uid not in (os.getuid(), 0) or folder_info.st_mode & 0o022:
-        raise PayloadError(
-            f"refusing to load {path}: its folder {parent} can be written by "
-            f"{private.describe_owner(folder_info.st_uid)} or others (mode "
-            f"{oct(folder_info.st_mode & 0o7777)}), so another account could have replaced "
-            "the file, and unpickling it would run their code as you"
-        )
+    parent, name = os.path.split(os.path.abspath(path))
+    dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if os.path.islink(path):
+        folder_info = os.fstat(dir_fd)
+        if folder_info.st_uid not in (os.getuid(), 0) or folder_info.st_mode & 0o022:
             raise PayloadError(
-                f"refusing to load {path}: it is a symbolic link, not a file sparktrain kept"
-            ) from exc
-        raise
+                f"refusing to load {path}: its folder {parent} can be written by "
+                f"{private.describe_owner(folder_info.st_uid)} or others (mode "
+                f"{oct(folder_info.st_mode & 0o7777)}), so another account could have "
+                "replaced the file, and unpickling it would run their code as you"
+            )
+        try:
+            fd = os.open(name, _READ_KEPT, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PayloadError(
+                    f"refusing to load {path}: it is a symbolic link, not a file sparktrain kept"
+                ) from exc
+            raise
+    finally:
+        os.close(dir_fd)
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            what = "not a regular file"
-        elif info.st_uid != os.getuid():
-            what = f"owned by {private.describe_owner(info.st_uid)}"
-        else:
-            what = ""
+        what = _kept_problem(os.fstat(fh.fileno()))
         if what:
             raise PayloadError(
                 f"refusing to load {path}: it is {what}, not a result sparktrain kept for you; "
@@ -247,13 +249,34 @@ def load_kept(path: str | os.PathLike[str]) -> Any:
         return pickle.loads(fh.read())
 
 
+# Never follow a link, never block (a FIFO in the file's place is refused, not waited on).
+_READ_KEPT = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _kept_problem(info: os.stat_result) -> str:
+    """Why an opened file is not one only its owner could have written, or ""."""
+    if not stat.S_ISREG(info.st_mode):
+        return f"not a regular file ({stat.filemode(info.st_mode)})"
+    if info.st_uid != os.getuid():
+        return f"owned by {private.describe_owner(info.st_uid)}"
+    if info.st_mode & 0o022:
+        return (
+            f"writable by {'others' if info.st_mode & 0o002 else 'its group'} (mode "
+            f"{oct(info.st_mode & 0o7777)})"
+        )
+    if info.st_nlink != 1:
+        return f"a file with {info.st_nlink} names (hard links), one of which may not be yours"
+    return ""
+
+
 def kept_result_name(run_id: str, attempt: int, rank: int = 0) -> str:
     """The name :func:`keep_result` gives ``rank``'s result of ``attempt`` (0-based) of a run."""
     return f"{run_id}-attempt{attempt + 1}-rank{rank}"
 
 
 def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) -> str:
-    """Keep a result that cannot be returned; the end of the error that says where.
+    """Keep a result that cannot be returned; the end of the error that says where, how to
+    read it back, and how long it stays (see :mod:`sparktrain.kept`).
 
     Args:
         data: the pickled result.
@@ -266,11 +289,11 @@ def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) ->
         try:
             path = keep_result(data, name)
         except private.NotPrivateError as exc:
-            # Someone else holds the private folder's name: a fresh folder of random name
-            # (mkdtemp: 0700, created exclusively) still keeps the result from being lost.
-            fallback = Path(tempfile.mkdtemp(prefix=f"{private.PREFIX}{os.getuid()}-results-"))
+            # Someone else holds the private folder's name: a folder of this user's alone
+            # beside it (see private.fallback) still keeps the result from being lost.
+            fallback = private.ensure(private.fallback() / KEPT_RESULTS)
             path = private.write_new(fallback, f"{name}.pkl", data)
             note = f"; the private folder could not be used: {exc}"
-    except OSError as exc:
+    except (OSError, private.NotPrivateError) as exc:
         return f"it could not be kept{on} either ({exc}{note})"
-    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back{note})"
+    return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back; {LIFETIME}{note})"

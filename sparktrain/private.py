@@ -20,6 +20,12 @@ Why there:
   and are removed when it ends, which is exactly when a result is kept (the driver is gone);
   the driver and ``np < 0`` runs have no Spark at all.
 
+Another account can take the folder's name first (a ``mkdir`` in ``/tmp``). That must not stop
+its user's runs: :func:`usable_root` and :func:`usable_folder` then use a folder of a fresh
+random name beside it (``sparktrain-<uid>-alt-XXXXXXXX``, made by :func:`tempfile.mkdtemp`,
+0700, created exclusively), reused by later runs when ``lstat`` shows it is still this user's
+alone, and log a warning naming the squatter (owner, mode) and how to free the name.
+
 Files inside are created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (or :func:`tempfile.mkstemp`),
 so even a name known in advance cannot be planted or redirected.
 """
@@ -33,15 +39,33 @@ import tempfile
 from pathlib import Path
 
 from sparktrain.errors import ConfigurationError
+from sparktrain.log import get_logger
+
+_log = get_logger(__name__)
 
 PREFIX = "sparktrain-"
+# A fallback folder's name after ``PREFIX<uid>``; never the private folder's own name.
+FALLBACK_INFIX = "-alt-"
+# Entries of the temporary folder looked at when looking for a fallback folder to reuse.
+_MAX_SCAN = 10_000
 
 # Create only, never truncate or follow a link; not inherited by processes this one starts.
 EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class NotPrivateError(ConfigurationError):
-    """A folder sparktrain would keep its files in is not this user's alone."""
+    """A folder sparktrain would keep its files in is not this user's alone.
+
+    Attributes:
+        taken: the folder exists and is not fit for use (someone else's, a link, open to
+            others): a fresh folder beside it would do. False where no folder in that parent
+            could be private (a parent others can write without the sticky bit) or none can
+            be made there.
+    """
+
+    def __init__(self, message: str, taken: bool = False) -> None:
+        super().__init__(message)
+        self.taken = taken
 
 
 def root(parent: str | os.PathLike[str] | None = None) -> Path:
@@ -100,7 +124,8 @@ def check(path: Path) -> None:
             f"{stat.filemode(info.st_mode)} {oct(info.st_mode & 0o7777)}): sparktrain keeps "
             f"its files on a host only in a folder of yours that no one else can read or "
             f"write. Remove it if it is yours, or ask its owner or an administrator to; or "
-            f"{_WAY_OUT}"
+            f"{_WAY_OUT}",
+            taken=True,
         )
 
 
@@ -136,6 +161,73 @@ def _check_parent(base: Path) -> None:
             f"(mode {oct(info.st_mode & 0o7777)}), so another account could replace "
             f"sparktrain's folder in it; chmod +t it, or {_WAY_OUT}"
         )
+
+
+def usable_root(parent: str | os.PathLike[str] | None = None) -> Path:
+    """:func:`root`, or where its name is taken, a fallback folder of this user's beside it.
+
+    Raises:
+        NotPrivateError: no private folder can be had in ``parent`` at all (see
+            :attr:`NotPrivateError.taken`).
+    """
+    try:
+        return root(parent)
+    except NotPrivateError as exc:
+        if not exc.taken:
+            raise
+        found = fallback(parent)
+        _log.warning(
+            "sparktrain uses %s for its files on this host, as its own folder cannot be used: %s",
+            found,
+            exc,
+        )
+        return found
+
+
+def usable_folder(name: str, parent: str | os.PathLike[str] | None = None) -> Path:
+    """``usable_root()/name``, created (0700) or checked like :func:`root`."""
+    return ensure(usable_root(parent) / name)
+
+
+def fallback(parent: str | os.PathLike[str] | None = None) -> Path:
+    """A folder of this user's alone beside the private folder: one made before, if ``lstat``
+    still shows it so, else a new one of random name.
+
+    Raises:
+        NotPrivateError: none can be made.
+    """
+    base = Path(parent if parent is not None else tempfile.gettempdir())
+    _check_parent(base)
+    prefix = f"{PREFIX}{os.getuid()}{FALLBACK_INFIX}"
+    for path in fallbacks(base):
+        try:
+            check(path)
+        except NotPrivateError:
+            continue  # someone else's, under a name like ours: never used
+        return path
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    except OSError as exc:
+        raise NotPrivateError(
+            f"sparktrain cannot create a private folder in {base} ({exc}); {_WAY_OUT}"
+        ) from exc
+
+
+def fallbacks(base: Path) -> list[Path]:
+    """The entries of ``base`` named like this user's fallback folders, in name order
+    (not checked: see :func:`check`)."""
+    prefix = f"{PREFIX}{os.getuid()}{FALLBACK_INFIX}"
+    names: list[str] = []
+    try:
+        with os.scandir(base) as entries:
+            for count, entry in enumerate(entries):
+                if count >= _MAX_SCAN:
+                    break
+                if entry.name.startswith(prefix):
+                    names.append(entry.name)
+    except OSError:
+        return []
+    return [base / name for name in sorted(names)]
 
 
 def describe_owner(uid: int) -> str:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sparktrain import kept
 from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig, conf_keys
 from sparktrain.driver.attempts import Attempts
@@ -241,6 +242,9 @@ class SparkRunner:
             conf = session.conf if is_connect(session) else session.sparkContext.getConf()
             check_application(conf, config)
             per_task = ranks_per_task(conf, config)
+        if session is not None:
+            # This host's old kept results (a local run's tasks do this themselves).
+            kept.sweep(config.kept_results_ttl)
         if session is None:
             from sparktrain.task.entry import local_gpus
 

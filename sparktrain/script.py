@@ -78,7 +78,7 @@ def run_script(path: str, source: str, argv: list[str]) -> None:
             os.makedirs(folder, exist_ok=True)
             tmp = folder
         else:
-            tmp = tempfile.mkdtemp(prefix="script-", dir=private.root())
+            tmp = tempfile.mkdtemp(prefix="script-", dir=private.usable_root())
         target = os.path.join(tmp, os.path.basename(path) or "script.py")
         with open(target, "w", encoding="utf-8") as fh:
             fh.write(source)

@@ -9,17 +9,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _SIZE = re.compile(r"^\s*([0-9]+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``"120"``, ``"120s"``, ``"500ms"``, ``"5m"`` or ``"1h"``."""
+    """Seconds from ``"120"``, ``"120s"``, ``"500ms"``, ``"5m"``, ``"1h"`` or ``"3d"``."""
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"not a duration: {text!r} (use seconds, or 30s, 5m, 1h)")
+        raise ValueError(f"not a duration: {text!r} (use seconds, or 30s, 5m, 1h, 3d)")
     return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
 
 
@@ -42,7 +42,10 @@ def parse_bool(text: str) -> bool:
 
 
 def format_duration(seconds: float) -> str:
-    """The text form of a duration that :func:`parse_duration` reads back: ``"120s"``."""
+    """The text form of a duration that :func:`parse_duration` reads back: ``"120s"``, or
+    ``"3d"`` for whole days."""
+    if seconds >= 86400 and float(seconds / 86400).is_integer():
+        return f"{int(seconds // 86400)}d"
     if float(seconds).is_integer():
         return f"{int(seconds)}s"
     if float(seconds * 1000).is_integer():

@@ -37,7 +37,7 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
-from sparktrain.backends.torch import COLLECTIVE_DEFAULTS
+from sparktrain.backends.torch import COLLECTIVE_DEFAULTS, is_loopback, loopback_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import MPI_TASK_NODES, RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
@@ -327,6 +327,8 @@ class HorovodBackend(Backend):
             # unauthenticated (Horovod's C++ client cannot sign requests).
             server = RendezvousHTTPServer((spec.master_addr, 0), RendezvousHandler, 0)
         except OSError:
+            if is_loopback(spec.master_addr):
+                raise  # a run on loopback alone never listens beyond it
             server = RendezvousHTTPServer(("", 0), RendezvousHandler, 0)
         server.init(plan)
         thread = threading.Thread(
@@ -353,7 +355,7 @@ class HorovodBackend(Backend):
                     "MASTER_PORT": str(spec.master_port),
                 }
             )
-            env.update(interface_env(rank))
+            env.update({**loopback_env(spec), **interface_env(rank)})
             return env
         if ADDR_KEY not in shared or PORT_KEY not in shared:
             raise SparkTrainError(f"the Horovod rendezvous address is missing from {dict(shared)}")
@@ -373,9 +375,9 @@ class HorovodBackend(Backend):
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(30, math.ceil(config.start_timeout))),
             }
         )
-        if rank.task.ifname:
-            env["HOROVOD_GLOO_IFACE"] = rank.task.ifname
-        env.update(interface_env(rank))
+        env.update({**loopback_env(spec), **interface_env(rank)})
+        if "GLOO_SOCKET_IFNAME" in env:
+            env["HOROVOD_GLOO_IFACE"] = env["GLOO_SOCKET_IFNAME"]
         return env
 
     def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:

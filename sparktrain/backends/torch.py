@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from collections.abc import Mapping
 
+import psutil
+
+from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
@@ -37,10 +42,37 @@ class TorchBackend(Backend):
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),
         }
-        env.update(interface_env(rank))
+        env.update({**loopback_env(spec), **interface_env(rank)})
         return env
 
     def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:
         return {
             names[0]: value for names, value in COLLECTIVE_DEFAULTS if env.keys().isdisjoint(names)
         }
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP address or a name) is a loopback address."""
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def loopback_interface() -> str:
+    """The name of this host's loopback interface (``lo`` on Linux)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and is_loopback(a.address) for a in addresses):
+            return name
+    return "lo"
+
+
+def loopback_env(spec: ClusterSpec) -> dict[str, str]:
+    """For ranks that meet on a loopback address (``np < 0``): every listener they open stays
+    on loopback. Rank 0 binds the process group's store to ``MASTER_ADDR`` (see
+    :mod:`sparktrain.worker.bound_store`), and Gloo and NCCL bind to the loopback interface
+    rather than to the address the host's name resolves to."""
+    if not is_loopback(spec.master_addr):
+        return {}
+    name = loopback_interface()
+    return {contract.BOUND_STORE_ENV: "1", "GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}

@@ -7,14 +7,24 @@ others, so code that calls ``save`` on rank 0 alone (``if rank == 0: save(...)``
 and a rank that calls it waits only for rank 0's word. Rank 0 posts its outcome whether the
 save worked or failed; a rank 0 that dies takes the store with it, which ends the wait with an
 error instead of a hang.
+
+The store has no authentication of its own, and on a cluster anyone who reaches rank 0's port
+can write to it. So rank 0 signs its word with the run's key (HMAC-SHA256 over the key's name
+and the outcome, the key the ranks got from sparktrain), and a rank reads nothing it cannot
+verify: a value that is not sparktrain's shape, or not signed with the run's key, is a
+``CheckpointError`` that says so, never a committed checkpoint or the writer's error text.
+Outside sparktrain (no run key: torchrun) the word is unsigned, and still checked for shape.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
 from typing import Any
 
+from sparktrain import contract
 from sparktrain.checkpoint._errors import CheckpointError
 
 _PREFIX = "sparktrain.checkpoint"
@@ -38,6 +48,62 @@ def _key(where: str, step: int) -> str:
     return f"{_PREFIX}/{hashlib.sha256(where.encode()).hexdigest()[:16]}/{step}"
 
 
+def _run_key() -> bytes | None:
+    try:
+        return bytes.fromhex(os.environ[contract.KEY_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def _mac(key: bytes, name: str, outcome: str) -> str:
+    message = f"{_PREFIX}\n{name}\n{outcome}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def encode(name: str, outcome: dict[str, str | None], key: bytes | None) -> str:
+    """Rank 0's word under the store key ``name``: the outcome, signed when there is a key."""
+    text = json.dumps(outcome, sort_keys=True)
+    return json.dumps({"outcome": text, "mac": _mac(key, name, text) if key else None})
+
+
+def decode(name: str, raw: bytes | str, key: bytes | None) -> dict[str, str | None]:
+    """The outcome in a value read from the store under ``name``, once its shape (and, with a
+    key, its signature) is checked.
+
+    Raises:
+        CheckpointError: the value is not what rank 0 writes, or not signed with the run's key.
+    """
+    where = f"the process group's store holds under {name}"
+    try:
+        value = json.loads(raw)
+        text, mac = value["outcome"], value["mac"]
+        if not isinstance(text, str) or not isinstance(mac, (str, type(None))):
+            raise TypeError("the outcome or its signature is not a string")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(
+            f"{where} something that is not rank 0's word ({type(exc).__name__}: {exc}): "
+            "another process that reaches the store (MASTER_ADDR:MASTER_PORT) wrote it"
+        ) from exc
+    if key is not None and not (
+        isinstance(mac, str) and hmac.compare_digest(mac, _mac(key, name, text))
+    ):
+        raise CheckpointError(
+            f"{where} a value not signed with this run's key, so it is refused: another "
+            "process that reaches the store (MASTER_ADDR:MASTER_PORT) wrote it"
+        )
+    outcome = json.loads(text)
+    if (
+        not isinstance(outcome, dict)
+        or len(outcome) != 1
+        or not (
+            isinstance(outcome.get("error"), str)
+            or ("path" in outcome and isinstance(outcome["path"], (str, type(None))))
+        )
+    ):
+        raise CheckpointError(f"{where} an outcome of an unknown shape: {text[:200]!r}")
+    return outcome
+
+
 def post(where: str, step: int, path: str | None, error: BaseException | None = None) -> None:
     """On rank 0: say that checkpoint ``step`` of ``where`` is committed at ``path``, or why
     it is not (best effort: a store that cannot be reached leaves the other ranks' wait to
@@ -45,9 +111,12 @@ def post(where: str, step: int, path: str | None, error: BaseException | None = 
     store = _store()
     if store is None:
         return
-    outcome = {"path": path} if error is None else {"error": f"{type(error).__name__}: {error}"}
+    outcome: dict[str, str | None] = (
+        {"path": path} if error is None else {"error": f"{type(error).__name__}: {error}"}
+    )
+    name = _key(where, step)
     try:
-        store.set(_key(where, step), json.dumps(outcome))
+        store.set(name, encode(name, outcome, _run_key()))
     except (RuntimeError, OSError):
         pass
 
@@ -57,17 +126,25 @@ def wait(where: str, step: int) -> None:
 
     Raises:
         CheckpointError: rank 0 could not save it, or could no longer be asked (it ended, or
-            the process group's timeout passed).
+            the process group's timeout passed), or the store holds a word that is not rank
+            0's (see :func:`decode`).
     """
     store = _store()
     if store is None:
         return
+    name = _key(where, step)
     try:
-        outcome = json.loads(store.get(_key(where, step)))
+        raw = store.get(name)
     except (RuntimeError, OSError, ValueError) as exc:
         raise CheckpointError(
             f"waited for rank 0 to commit checkpoint {step} of {where}, but it never said it "
             f"had ({type(exc).__name__}: {exc}); see rank 0's error"
+        ) from exc
+    try:
+        outcome = decode(name, raw, _run_key())
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"cannot tell whether rank 0 committed checkpoint {step} of {where}: {exc}"
         ) from exc
     if "error" in outcome:
         raise CheckpointError(

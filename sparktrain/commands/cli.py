@@ -5,6 +5,7 @@ Usage::
     sparktrain run --np 2 train.py -- --lr 0.1        # 2 ranks on Spark executors
     sparktrain run --np -2 mypkg.train:main -- --lr 0.1  # 2 ranks on this machine, no Spark
     sparktrain doctor [--spark] [--master URL [--checkpoint URL] [--conf KEY=VALUE]]
+    sparktrain kept list | sparktrain kept clean [--older-than 3d]   # results kept here
 
 TARGET is either a script or ``module:function``:
 
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sparktrain.commands import kept_cmd
 from sparktrain.commands.cli_target import UsageError, resolve_target
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=sys.executable,
         help="the interpreter whose environment gets Horovod (default: this one)",
     )
+    kept_cmd.add_parser(commands)
     return parser
 
 
@@ -343,6 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args:
                 raise UsageError("sparktrain install-horovod takes no ARGS")
             return cmd_install_horovod(options)
+        if options.command == "kept":
+            if args:
+                raise UsageError("sparktrain kept takes no ARGS")
+            return kept_cmd.cmd_kept(options, sys.stdout, sys.stderr)
         return cmd_run(options, args)
     except UsageError as exc:
         print(f"sparktrain: {exc}", file=sys.stderr)

@@ -66,12 +66,15 @@ def check(config: Any) -> None:
         )
     if isinstance(config.stall_timeout, str) and config.stall_timeout.strip().lower() == "off":
         object.__setattr__(config, "stall_timeout", None)
-    if isinstance(config.timeout, str) and config.timeout.strip().lower() == "none":
-        object.__setattr__(config, "timeout", None)
-    for name in ("start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout"):
+    for name in ("timeout", "kept_results_ttl"):
+        value = getattr(config, name)
+        if isinstance(value, str) and value.strip().lower() == "none":
+            object.__setattr__(config, name, None)
+    durations = ("start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout")
+    for name in (*durations, "kept_results_ttl"):
         value = text_as(parse_duration, getattr(config, name))
         object.__setattr__(config, name, value)
-        if value is None and name in ("timeout", "stall_timeout"):
+        if value is None and name in ("timeout", "stall_timeout", "kept_results_ttl"):
             continue
         if (
             isinstance(value, bool)

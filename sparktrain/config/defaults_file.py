@@ -17,8 +17,8 @@ _DEFAULTS_HEADER = """\
 # Every key can be overridden, in increasing precedence, by the Spark conf of the session (same
 # key), by an environment variable (SPARKTRAIN_ + the argument's name in upper case, e.g.
 # SPARKTRAIN_START_TIMEOUT), and by a keyword argument of SparkRunner (start_timeout=...).
-# Durations are seconds (or 500ms, 30s, 5m, 1h); sizes are bytes (or 64k, 256m, 1g); none and
-# auto mean no value, and so does off where it is the value shown. The format is Spark's:
+# Durations are seconds (or 500ms, 30s, 5m, 1h, 3d); sizes are bytes (or 64k, 256m, 1g); none
+# and auto mean no value, and so does off where it is the value shown. The format is Spark's:
 # `key value` or `key=value`, # for comments.
 """
 

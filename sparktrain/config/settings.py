@@ -122,6 +122,15 @@ class RunConfig:
         "size",
         "largest pickled result of rank 0 (of every rank's together, for run_all).",
     )
+    kept_results_ttl: float | None = setting(
+        3 * 86400.0,
+        "keptResultsTtl",
+        "duration",
+        "how long a result that could not be returned stays kept on its host: the first run "
+        "on that host after this removes it (sparktrain kept clean removes kept results at "
+        "once); none keeps them until removed by hand.",
+        unset="none",
+    )
     max_restarts: int = setting(
         0,
         "maxRestarts",

@@ -152,7 +152,7 @@ def default_cache_dir() -> str:
     Raises:
         NotPrivateError: the private folder is not this user's alone.
     """
-    return f"file://{private.folder(CACHE_FOLDER)}"
+    return f"file://{private.usable_folder(CACHE_FOLDER)}"
 
 
 def _write(

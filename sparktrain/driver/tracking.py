@@ -180,7 +180,7 @@ class MlflowTracker:
                 )
             names = list(found)
             source = f"{url.rstrip('/')}/{found[1]}"
-        tmp = tempfile.mkdtemp(prefix="ckpt-", dir=private.root())
+        tmp = tempfile.mkdtemp(prefix="ckpt-", dir=private.usable_root())
         try:
             for name in names:
                 fs.get_file(f"{root}/{name}", os.path.join(tmp, name))

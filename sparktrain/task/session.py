@@ -240,7 +240,7 @@ class TaskSession:
         It is not the ranks' working directory (that is :attr:`cwd`), and it is removed
         however the ranks end.
         """
-        with workdirs.create(self.job.run_id) as path:
+        with workdirs.create(self.job.run_id, kept_ttl=self.config.kept_results_ttl) as path:
             fd = os.open(path / contract.PAYLOAD_FILE, private.EXCLUSIVE, 0o600)
             with os.fdopen(fd, "wb") as out:
                 out.write(self.job.payload)

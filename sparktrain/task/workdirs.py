@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sparktrain import private
+from sparktrain import kept, private
 from sparktrain.log import get_logger
 
 _log = get_logger(__name__)
@@ -45,21 +45,26 @@ _LOCK_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @contextlib.contextmanager
-def create(run_id: str, parent: str | None = None) -> Iterator[Path]:
+def create(run_id: str, parent: str | None = None, kept_ttl: float | None = None) -> Iterator[Path]:
     """A fresh folder for one task of ``run_id``, locked by this process while in use.
 
     The folder is made and locked under a name the sweep does not take for a finished folder,
-    then renamed: no sweep ever sees it unlocked. It is removed when the block ends.
+    then renamed: no sweep ever sees it unlocked. It is removed when the block ends. Where
+    another account holds the private folder's name, the folder goes to a fallback folder of
+    this user's (see :func:`sparktrain.private.usable_root`), with a warning naming it.
 
     Args:
         run_id: the run's id, part of the folder's name (to tell folders apart by eye).
         parent: where to make the private folder instead of the temporary folder.
+        kept_ttl: also remove this user's kept results older than this many seconds on this
+            host (see :func:`sparktrain.kept.sweep`); None leaves them.
 
     Raises:
-        NotPrivateError: the private folder is not this user's alone.
+        NotPrivateError: no private folder can be had in the temporary folder at all.
     """
-    base = private.folder(TASKS, parent)
+    base = private.usable_folder(TASKS, parent)
     sweep(base)
+    kept.sweep(kept_ttl, parent)
     prefix = f"{_STAGING}task-{_safe(run_id)}-{os.getpid()}-"  # the pid only for people
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     fd = -1

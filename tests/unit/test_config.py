@@ -184,6 +184,22 @@ def test_timeout_none_means_no_limit_but_other_durations_need_a_value() -> None:
         RunConfig(np=1, start_timeout=None)  # type: ignore[arg-type]
 
 
+def test_kept_results_ttl_is_a_duration_of_three_days_unless_set() -> None:
+    assert RunConfig(np=1).kept_results_ttl == 3 * 86400
+    assert RunConfig(np=1, kept_results_ttl="12h").kept_results_ttl == 43200
+    assert RunConfig(np=1, kept_results_ttl="none").kept_results_ttl is None
+    conf = {"spark.sparktrain.keptResultsTtl": "1d"}
+    assert RunConfig.resolve(1, {}, spark_conf=conf, environ={}).kept_results_ttl == 86400
+    environ = {"SPARKTRAIN_KEPT_RESULTS_TTL": "none"}
+    assert RunConfig.resolve(1, {}, environ=environ).kept_results_ttl is None
+    with pytest.raises(
+        ConfigurationError,
+        match=r"kept_results_ttl must be a positive .*"
+        r"spark\.sparktrain\.keptResultsTtl",
+    ):
+        RunConfig(np=1, kept_results_ttl="0s")
+
+
 @pytest.mark.parametrize("value", [None, "off", "OFF "])
 def test_stall_timeout_off(value: Any) -> None:
     assert RunConfig(np=1, stall_timeout=value).stall_timeout is None
@@ -492,13 +508,14 @@ def test_optional_fields_accept_none_words(field: str, text: str, expected: Any)
         ("1h", 3600.0),
         ("2H", 7200.0),
         ("10MS", 0.01),
+        ("3d", 259200.0),
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "s", "-1", "1d", "1e3", "5 minutes", "1.2.3", "ten"])
+@pytest.mark.parametrize("text", ["", "s", "-1", "1w", "1e3", "5 minutes", "1.2.3", "ten"])
 def test_parse_duration_errors(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration") as info:
         parse_duration(text)

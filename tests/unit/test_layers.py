@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "config",
         "cluster",
         "payload",
+        "kept",
         "script",
         "mpi_args",
         "interfaces",

@@ -23,6 +23,7 @@ from sparktrain.data.converter import _load_manifest, default_cache_dir
 from sparktrain.data.dataset import MANIFEST_NAME, SparkDatasetConverter, filesystem
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.examples import _common
+from sparktrain.kept import LIFETIME
 from sparktrain.payload import keep_and_say, keep_result
 from sparktrain.task.logs import RankFiles
 from tests.accounts import Account, account, need_python
@@ -73,7 +74,9 @@ def test_a_private_folder_another_account_made_first_is_not_used_and_the_result_
     assert f"owner {other.name} (uid {other.uid})" in message and "0o777" in message
     assert "set TMPDIR" in message
     kept = Path(message.split("it is kept in ")[1].split(" (")[0])
-    assert kept.parent.parent == tmp and kept.parent.name.startswith(f"{_mine()}-results-")
+    fallback = kept.parent.parent
+    assert kept.parent.name == "results" and fallback.parent == tmp
+    assert fallback.name.startswith(f"{_mine()}{private.FALLBACK_INFIX}")
     assert sparktrain.load_kept(kept) == {"weights": [1, 2]}
     assert precious.read_text() == "the victim's file"
     assert sorted(p.name for p in (hijacked / "results").iterdir()) == before
@@ -96,7 +99,7 @@ def test_planted_temp_files_and_links_in_the_shared_folder_are_never_touched(
     message = keep_and_say(pickle.dumps([3, 4]), "r2-attempt1-rank0")
 
     kept = tmp / _mine() / "results" / "r2-attempt1-rank0.pkl"
-    assert f"it is kept in {kept} (sparktrain.load_kept(path) reads it back)" == message
+    assert message == f"it is kept in {kept} (sparktrain.load_kept(path) reads it back; {LIFETIME})"
     assert stat.S_IMODE(os.lstat(kept.parent.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.lstat(kept).st_mode) == 0o600
     assert sparktrain.load_kept(kept) == [3, 4]
