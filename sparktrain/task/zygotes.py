@@ -157,8 +157,15 @@ class Zygote:
         self._ranks.clear()
         with contextlib.suppress(OSError):
             self._sock.close()
-        with contextlib.suppress(OSError):
+        try:
             self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            # Its socket ended but it has not: stuck (or starved on a busy host). It runs in a
+            # session of its own, so end that and reap it, rather than leave it behind.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
 
     @property
     def idle(self) -> bool:

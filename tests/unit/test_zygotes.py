@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -319,3 +321,19 @@ def test_zygote_and_rank_die_with_their_owner(tmp_path: Path) -> None:
         for pid in pids:
             if not wait_gone(pid, 0.1):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_zygote_that_hangs_after_its_socket_ended_is_killed_and_reaped() -> None:
+    # Its socket ended (what _read sees) but the process lives on: a stuck zygote. _lost must
+    # not raise in the reader thread (it did: TimeoutExpired), nor leave the process behind.
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    zygote = object.__new__(zygotes.Zygote)
+    zygote.proc, zygote._sock, zygote._ranks = stuck, ours, {}
+    zygote._ready, zygote._replies = threading.Event(), queue.Queue()
+    zygote._lost()
+    assert zygote.gone
+    assert stuck.returncode == -signal.SIGKILL
