@@ -15,17 +15,15 @@ when the rank imports it (or at once, where a zygote preloaded it).
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import os
 import socket
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
 from sparktrain import contract
+from sparktrain.worker.import_hooks import PatchOnImport
 
 RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
 _FACTORY = "_create_c10d_store"
@@ -93,43 +91,11 @@ def patch(module: ModuleType) -> None:
     setattr(module, _FACTORY, _bound_factory(create))
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then :func:`patch`."""
+class RendezvousFinder(PatchOnImport):
+    """Wraps torch's store factory once torch's rendezvous module is imported."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        patch(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... as the real one
-        return getattr(self._loader, name)
-
-
-class RendezvousFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; hands torch's rendezvous module to a loader that patches it."""
-
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != RENDEZVOUS_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+    def __init__(self) -> None:
+        super().__init__(frozenset({RENDEZVOUS_MODULE}), patch)
 
 
 def install() -> None:
@@ -137,7 +103,4 @@ def install() -> None:
     (idempotent)."""
     if os.environ.get(contract.BOUND_STORE_ENV) != "1":
         return
-    if RENDEZVOUS_MODULE in sys.modules:
-        patch(sys.modules[RENDEZVOUS_MODULE])
-    if not any(isinstance(finder, RendezvousFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, RendezvousFinder())
+    RendezvousFinder().install()

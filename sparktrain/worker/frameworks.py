@@ -12,15 +12,13 @@ wraps Lightning's launcher module when the function itself imports it.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from sparktrain.errors import ConfigurationError
+from sparktrain.worker.import_hooks import PatchOnImport
 
 # Lightning's launcher for processes started outside it (torchrun, sparktrain), under each
 # of the names the package is installed as.
@@ -104,43 +102,11 @@ def patch_launcher(module: ModuleType) -> None:
     cls.launch = _checked_launch(launch)
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then the patch."""
+class LightningFinder(PatchOnImport):
+    """Wraps Lightning's launcher once one of its launcher modules is imported."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        patch_launcher(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... as the real one
-        return getattr(self._loader, name)
-
-
-class LightningFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; hands Lightning's launcher module to a loader that patches it."""
-
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in LAUNCHER_MODULES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+    def __init__(self) -> None:
+        super().__init__(LAUNCHER_MODULES, patch_launcher)
 
 
 def install() -> None:
@@ -148,8 +114,4 @@ def install() -> None:
 
     A Lightning module imported already (a zygote preloading it) is patched at once.
     """
-    for name in LAUNCHER_MODULES:
-        if name in sys.modules:
-            patch_launcher(sys.modules[name])
-    if not any(isinstance(finder, LightningFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, LightningFinder())
+    LightningFinder().install()
