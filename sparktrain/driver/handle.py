@@ -21,7 +21,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED
 from typing import Any, TextIO, cast
 
-from sparktrain.driver.inflight import StopSignal
+from sparktrain.driver.inflight import Line, StopSignal, next_ticket
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.record import RunRecord
 
@@ -69,10 +69,36 @@ class RunHandle(Future[Any]):
         self._new = threading.Condition()
         self._partial = ""
         self.output = cast(TextIO, _Output(self._write))
+        # Its turn among the runs of this process: runs start in the order they were submitted.
+        self.ticket = next_ticket()
+        self._waiting: Line | None = None
+        self._started = False  # whether it has its slots (or needs none) and launches
 
     def __repr__(self) -> str:
-        state = "cancelled" if self.cancelled() else "done" if self.done() else "running"
-        return f"<RunHandle {self.name!r} {state}, {self._count} lines>"
+        return f"<RunHandle {self.name!r} {self.status()}, {self._count} lines>"
+
+    def status(self) -> str:
+        """Where the run is: ``starting``, waiting its turn (for what, and its place in
+        line), ``running``, ``done``, ``failed`` or ``cancelled``.
+
+        Example:
+            >>> handles = [SparkRunner(np=2).submit(train, lr=lr) for lr in (0.01, 0.1)]
+            >>> handles[1].status()
+            "waiting for 2 task slots (other runs of this process hold 2 of the cluster's 2), 1st in line"
+        """
+        if self.cancelled():
+            return "cancelled"
+        if self.done():
+            return "failed" if self.exception() is not None else "done"
+        waiting = self._waiting
+        if waiting is not None:
+            return str(waiting)
+        return "running" if self._started else "starting"
+
+    def _set_waiting(self, line: Line | None) -> None:
+        """What the run waits for; None once it has its turn."""
+        self._waiting = line
+        self._started = line is None
 
     # -- the run's side -------------------------------------------------------------------
 
