@@ -92,6 +92,12 @@ def test_run_record_phases_sum_over_attempts_in_order():
 
     text._repr_pretty_(Printer(), False)
     assert shown == [str(text)]
+    try:
+        from IPython.lib.pretty import pretty
+    except ImportError:  # IPython is optional; the method above is what it calls
+        pass
+    else:
+        assert pretty(text) == str(text)
     assert text.splitlines()[0].startswith("attempt 1: failed")  # still a str to callers
 
 
