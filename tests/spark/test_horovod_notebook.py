@@ -107,7 +107,8 @@ def test_the_stand_in_is_only_a_stand_in(no_horovod: Path) -> None:
 def _notebook(log_dir: Path) -> dict[str, Any]:
     """The notebook's globals, as a notebook kernel holds them after its cells ran."""
     cells = runpy.run_path(str(SCRIPT), run_name="hvd_notebook")
-    cells["hvd_log_dir"] = str(log_dir)
+    # run_path returns a copy: the functions' own globals are where a later cell's value goes.
+    cells["train_hvd"].__globals__["hvd_log_dir"] = str(log_dir)
     return cells
 
 
