@@ -156,12 +156,22 @@ def take_turn(
     waited: Line | None = None
     try:
         while True:
-            slots_now = total()  # a Py4J call: not under the lock
+            with _lock:
+                runs = _places.get(application, {})
+                alone = _held(application, token) == 0 and not any(
+                    not p.admitted and p.ticket < runs[token].ticket for p in runs.values()
+                )
+            # The cluster's size matters only beside other runs (a Py4J call: not under the lock).
+            slots_now = None if alone else total()
             with _changed:
                 runs = _places.get(application, {})
                 place = runs[token]
                 ahead = [p for p in runs.values() if not p.admitted and p.ticket < place.ticket]
                 held = _held(application, token)
+                if slots_now is None:
+                    if held or ahead:
+                        continue  # another run came meanwhile: read the cluster's size
+                    slots_now = place.slots  # alone: whatever the size, it is its turn
                 fits = held == 0 or slots_now - held >= place.slots
                 if not ahead and (fits or slots_now < place.slots):
                     place.admitted = True
