@@ -16,10 +16,10 @@ from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect import is_connect, sparktrain_conf
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
-from sparktrain.driver.handle import RunHandle, current_handle
+from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application, ranks_per_task
-from sparktrain.driver.progress import Progress
+from sparktrain.driver.progress import Progress, quiet_spark_console
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
@@ -270,6 +270,10 @@ class SparkRunner:
             unit="epoch" if self._total_epochs else "report",
             display=self._show_progress and handle is None,
         )
+        if session is not None and not is_connect(session):
+            stop_spark_at_exit(session.sparkContext)
+            if progress.display:
+                quiet_spark_console(session.sparkContext)
         tracker = MlflowTracker.maybe_create()
         job = TaskJob(
             run_id=uuid.uuid4().hex[:12],
@@ -287,6 +291,7 @@ class SparkRunner:
         )
         if handle is not None:
             attempts.out, attempts.stop = handle.output, handle.stop
+            attempts.ticket, attempts.on_wait = handle.ticket, handle._set_waiting
         try:
             with plain_ctrl_c():
                 return attempts.run()
@@ -304,7 +309,9 @@ class SparkRunner:
         The run goes on in a thread of the driver; the notebook stays usable. Its ranks' lines
         are kept in the handle (``handle.logs()``, ``handle.tail()``), and printed only where
         ``handle.follow()`` is called. Runs of one process share the cluster: a run that
-        does not fit beside the others still going gets a ``CapacityError``.
+        does not fit beside the others still going waits its turn, in the order runs were
+        submitted (``handle.status()`` says for what, and its place in line); with
+        ``queue_wait=0`` it gets a ``CapacityError`` at once instead.
 
         Returns:
             A :class:`~sparktrain.driver.handle.RunHandle`, a ``concurrent.futures.Future``:
@@ -360,12 +367,17 @@ class HorovodRunner(SparkRunner):
 
     Code written for ``sparkdl.HorovodRunner`` runs by changing its import. Where Horovod is
     not installed, the ranks' ``import horovod.torch`` gives sparktrain's built-in one, on
-    torch.distributed (``horovod_impl="builtin"`` picks it even where Horovod is installed).
+    torch.distributed (``horovod_impl="builtin"`` picks it even where Horovod is installed),
+    and the driver's gives a stand-in that names the same API (so a notebook's module-level
+    ``import horovod.torch as hvd`` works; its functions run on the ranks).
 
     Args:
         np: number of ranks; negative runs them on the driver.
-        driver_log_verbosity: ``"log_callback_only"`` (the default, as on Databricks) or
-            ``"all"``.
+        driver_log_verbosity: ``"all"`` (the default, as Databricks' HorovodRunner has it
+            now: every rank's lines stream to the driver, prefixed ``[rank N]``) or
+            ``"log_callback_only"`` (only ``log_to_driver`` messages). ``None`` takes
+            ``spark.sparktrain.driverLogVerbosity`` / ``SPARKTRAIN_DRIVER_LOG_VERBOSITY``
+            where set, as every other setting.
         **settings: any other SparkRunner setting (``launcher="mpi"``, ``horovod_impl``,
             ``timeout``, …).
 
@@ -378,7 +390,7 @@ class HorovodRunner(SparkRunner):
     """
 
     def __init__(
-        self, *, np: int, driver_log_verbosity: str = "log_callback_only", **settings: Any
+        self, *, np: int, driver_log_verbosity: str | None = None, **settings: Any
     ) -> None:
         settings.setdefault("backend", "horovod")
         super().__init__(np, driver_log_verbosity=driver_log_verbosity, **settings)

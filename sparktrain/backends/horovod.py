@@ -150,10 +150,19 @@ def horovod_slot(spec: ClusterSpec, rank: RankSpec) -> HorovodSlot:
 
 
 def _horovod_spec() -> Any:
+    return installed_horovod()
+
+
+def installed_horovod() -> Any:
+    """The module spec of an installed Horovod, or None (not installed, or only the driver's
+    stand-in that ``sparktrain-horovod.pth`` provides, see ``_sparktrain_horovod``)."""
     try:
-        return importlib.util.find_spec("horovod")
+        spec = importlib.util.find_spec("horovod")
     except (ImportError, ValueError):  # an import hook that hides it, or a broken install
         return None
+    if spec is not None and type(spec.loader).__module__ == "_sparktrain_horovod":
+        return None
+    return spec
 
 
 def horovod_torch_library() -> Path | None:

@@ -304,7 +304,9 @@ print(json.dumps({"version": horovod.__version__, "gloo": bool(hvd.gloo_built())
 
 def check_horovod() -> list[Check]:
     """Horovod, where installed, imports with torch and was built with Gloo or MPI."""
-    if importlib.util.find_spec("horovod") is None:
+    from sparktrain.backends.horovod import installed_horovod
+
+    if installed_horovod() is None:  # the driver's stand-in is not Horovod
         detail = (
             "not installed: HorovodRunner runs on sparktrain's built-in horovod.torch "
             "(Horovod itself is needed only for launcher='mpi' and what the built-in one lacks)"

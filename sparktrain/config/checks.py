@@ -88,6 +88,22 @@ def check(config: Any) -> None:
                 f"'90s', '10m' or '1h'{off}; got {value!r}"
                 f" (argument {name}=, or {conf_key(name)})"
             )
+    queue_wait = config.queue_wait
+    if isinstance(queue_wait, str) and queue_wait.strip().lower() == "none":
+        queue_wait = None
+    queue_wait = text_as(parse_duration, queue_wait)
+    object.__setattr__(config, "queue_wait", queue_wait)
+    if queue_wait is not None and (
+        isinstance(queue_wait, bool)
+        or not isinstance(queue_wait, (int, float))
+        or queue_wait < 0
+        or not math.isfinite(queue_wait)
+    ):
+        raise ConfigurationError(
+            "queue_wait must be a number of seconds (0: refuse at once), a duration such as "
+            f"'90s' or '1h', or 'none' (wait as long as it takes); got {queue_wait!r} "
+            f"(argument queue_wait=, or {conf_key('queue_wait')})"
+        )
     for name in ("max_payload_bytes", "max_result_bytes"):
         value = text_as(parse_size, getattr(config, name))
         object.__setattr__(config, name, value)

@@ -4,6 +4,7 @@ and how a run's values are resolved from defaults, Spark conf, environment and a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -82,6 +83,15 @@ class RunConfig:
         "duration",
         "how long a freshly started session may take to register executors before a run is "
         "refused for lack of task slots.",
+    )
+    queue_wait: float | None = setting(
+        None,
+        "queueWait",
+        "duration",
+        "how long a run waits its turn while other runs of this driver process hold the task "
+        "slots it needs (runs start in the order they were submitted); 0 refuses it at once "
+        "with CapacityError; none waits as long as the runs ahead of it take.",
+        unset="none",
     )
     grace_period: float = setting(
         10.0, "gracePeriod", "duration", "time between SIGTERM and SIGKILL when ranks are stopped."
@@ -256,7 +266,7 @@ class RunConfig:
                 values[field.name] = parse_text(parse, env[variable], variable)
         for name, value in (overrides or {}).items():
             if name not in {f.name for f in dataclasses.fields(cls)} or name == "np":
-                raise ConfigurationError(f"unknown setting {name!r}")
+                raise ConfigurationError(_unknown(name, cls))
             if value is not None:
                 values[name] = value
         return cls(np=np, **values)
@@ -271,3 +281,12 @@ class RunConfig:
     def from_json(cls, data: Mapping[str, Any]) -> RunConfig:
         """Inverse of :meth:`to_json`."""
         return cls(**data)
+
+
+def _unknown(name: str, cls: type[RunConfig]) -> str:
+    """The error for a setting that does not exist: the nearest one, when one is near."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "np"]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if close:
+        return f"unknown setting {name!r} (did you mean {close[0]!r}?)"
+    return f"unknown setting {name!r}; the settings are: {', '.join(sorted(names))}"

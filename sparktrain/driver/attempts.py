@@ -19,7 +19,7 @@ from sparktrain import wire
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
-from sparktrain.driver.inflight import StopSignal, held_by_others, reserve
+from sparktrain.driver.inflight import Line, StopSignal, held_by_others, reserve, take_turn
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
@@ -55,6 +55,10 @@ class Attempts:
         connect: for a Spark Connect session, how its executors reach this client.
         out: where the ranks' lines go (default: the driver's stdout, beside the progress).
         stop: a stop requested from another thread (a submitted run's handle).
+        ticket: the run's turn among the runs of this process (taken when it was submitted;
+            None: now).
+        on_wait: told what the run waits for while other runs of this process hold the
+            slots it needs (and None once it has them).
 
     ``job.all_ranks`` asks for every rank's value (a list by rank) rather than rank 0's.
     """
@@ -70,6 +74,8 @@ class Attempts:
     connect: ConnectPlan | None = None
     out: TextIO | None = None
     stop: StopSignal | None = None
+    ticket: int | None = None
+    on_wait: Callable[[Line | None], None] | None = None
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value, or every
@@ -81,10 +87,48 @@ class Attempts:
     def _slots(self) -> Iterator[int]:
         """Hold this run's task slots against the other runs of this process."""
         if self.session is None or self.connect is not None:
+            if self.on_wait is not None:
+                self.on_wait(None)  # nothing to wait for: it launches now
             yield 0
             return
-        with reserve(_application(self.session), self.job.tasks) as token:
+        application = _application(self.session)
+        with reserve(application, self.job.tasks, self.ticket, admitted=False) as token:
+            from sparktrain.driver.capacity import total_slots
+
+            take_turn(
+                application,
+                token,
+                lambda: total_slots(self.session.sparkContext),
+                self.config.queue_wait,
+                self._refuse,
+                self.stop,
+                self.on_wait or self._tell_wait,
+            )
             yield token
+
+    def _refuse(self, line: Line, waited: bool) -> CapacityError:
+        """The error of a run that may not wait (longer) for its turn."""
+        k = self.job.ranks_per_task
+        n = self.job.tasks
+        need = f"np={n * k}" + (f" ({n} tasks of {k} ranks, one per GPU)" if k > 1 else "")
+        wait = self.config.queue_wait
+        if waited:
+            why = f"it did not get its turn within queue_wait={wait:g}s"
+        else:
+            why = f"queue_wait={wait:g} refuses to wait for them"
+        lower = max(0, line.total - line.held) * k
+        return CapacityError(
+            f"{need} needs {n} free task slots at once, but other runs of this process still "
+            f"going hold {line.held} of the cluster's {line.total} slots, and {why} "
+            f"({conf_key('queue_wait')}): wait for them (handle.result()), cancel one "
+            f"(handle.cancel()), raise queue_wait (none: wait as long as they take), or lower "
+            f"np to {lower} or less"
+        )
+
+    def _tell_wait(self, line: Line | None) -> None:
+        """A blocking run's wait for its turn, told once in the driver's log."""
+        if line is not None and line.position == 1:
+            _log.info("%s: %s", self.name, line)
 
     def _run(self, token: int) -> Any:
         config = self.config

@@ -21,7 +21,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED
 from typing import Any, TextIO, cast
 
-from sparktrain.driver.inflight import StopSignal
+from sparktrain.driver.inflight import Line, StopSignal, next_ticket
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.record import RunRecord
 
@@ -38,7 +38,9 @@ _current: contextvars.ContextVar[RunHandle | None] = contextvars.ContextVar(
 # Handles whose runs are going, to stop at interpreter exit (a notebook kernel shut down).
 _going: weakref.WeakSet[RunHandle] = weakref.WeakSet()
 _going_lock = threading.Lock()
-_exit_hook: list[bool] = []  # whether _stop_going_runs is registered with atexit
+_exit_hook: list[bool] = []  # whether _at_exit is registered with atexit
+# The SparkContexts runs went on, to stop cleanly at interpreter exit (weak: never kept alive).
+_contexts: list[weakref.ref[Any]] = []
 
 
 def current_handle() -> RunHandle | None:
@@ -69,10 +71,36 @@ class RunHandle(Future[Any]):
         self._new = threading.Condition()
         self._partial = ""
         self.output = cast(TextIO, _Output(self._write))
+        # Its turn among the runs of this process: runs start in the order they were submitted.
+        self.ticket = next_ticket()
+        self._waiting: Line | None = None
+        self._started = False  # whether it has its slots (or needs none) and launches
 
     def __repr__(self) -> str:
-        state = "cancelled" if self.cancelled() else "done" if self.done() else "running"
-        return f"<RunHandle {self.name!r} {state}, {self._count} lines>"
+        return f"<RunHandle {self.name!r} {self.status()}, {self._count} lines>"
+
+    def status(self) -> str:
+        """Where the run is: ``starting``, waiting its turn (for what, and its place in
+        line), ``running``, ``done``, ``failed`` or ``cancelled``.
+
+        Example:
+            >>> handles = [SparkRunner(np=2).submit(train, lr=lr) for lr in (0.01, 0.1)]
+            >>> handles[1].status()
+            "waiting for 2 task slots (other runs of this process hold 2 of the cluster's 2), 1st in line"
+        """
+        if self.cancelled():
+            return "cancelled"
+        if self.done():
+            return "failed" if self.exception() is not None else "done"
+        waiting = self._waiting
+        if waiting is not None:
+            return str(waiting)
+        return "running" if self._started else "starting"
+
+    def _set_waiting(self, line: Line | None) -> None:
+        """What the run waits for; None once it has its turn."""
+        self._waiting = line
+        self._started = line is None
 
     # -- the run's side -------------------------------------------------------------------
 
@@ -90,9 +118,7 @@ class RunHandle(Future[Any]):
             return
         with _going_lock:
             _going.add(self)
-            if not _exit_hook:
-                _exit_hook.append(True)
-                atexit.register(_stop_going_runs)
+            _register_exit_hook()
         token = _current.set(self)
         try:
             value = call()
@@ -228,6 +254,41 @@ class _Output(io.TextIOBase):
     def write(self, text: str) -> int:
         self._sink(text)
         return len(text)
+
+
+def _register_exit_hook() -> None:
+    """Register :func:`_at_exit` with atexit, once (the caller holds ``_going_lock``)."""
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_at_exit)
+
+
+def stop_spark_at_exit(sc: Any) -> None:
+    """Stop ``sc`` cleanly when the interpreter exits, after the runs still going.
+
+    Without it, a script or a notebook kernel that ends without ``spark.stop()`` leaves the
+    JVM to find its Python gone: it exits at once, and a local-cluster's master and workers,
+    not told that the application ended, start new executors into the shutdown and print
+    hundreds of lines of Java traces after the prompt has come back. A clean stop tells them
+    first. Only SparkContexts that runs went on are stopped, and only at exit.
+    """
+    with _going_lock:
+        if any(ref() is sc for ref in _contexts):
+            return
+        _contexts[:] = [ref for ref in _contexts if ref() is not None]
+        _contexts.append(weakref.ref(sc))
+        _register_exit_hook()
+
+
+def _at_exit() -> None:
+    """At interpreter exit: stop the runs still going, then the SparkContexts they ran on."""
+    _stop_going_runs()
+    with _going_lock:
+        contexts = [sc for sc in (ref() for ref in _contexts) if sc is not None]
+    for sc in contexts:
+        if getattr(sc, "_jsc", None) is not None:  # not stopped already
+            with contextlib.suppress(Exception):
+                sc.stop()
 
 
 def _stop_going_runs() -> None:

@@ -5,50 +5,192 @@ Spark application's task slots. A barrier stage that finds too few free slots do
 Spark retries it for minutes with only a log line to show. So each run reserves its tasks'
 slots here before its capacity check, and the check counts what the other runs of this
 process hold, including runs whose tasks Spark has not started yet (which no Spark API
-counts). This is the one process-wide table of sparktrain: it describes the process itself.
+counts). A run that does not fit beside them waits its turn, in the order runs were
+submitted (``queue_wait`` bounds the wait; 0 refuses at once). This is the one process-wide
+table of sparktrain: it describes the process itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
 from typing import Any
 
 # A message a stop request puts on a run's event queue (see RunMonitor.watch).
 STOP = "_stop"
+# How often a run waiting its turn reads the cluster's size again: executors that register
+# or are lost change it, and Spark tells Python of neither.
+RECHECK = 5.0
 
 _lock = threading.Lock()
-# Per Spark application id: the slots each run in flight holds, by the run's token.
-_held: dict[str, dict[int, int]] = {}
+# Told when a run takes or gives back its slots, and when a stop is requested.
+_changed = threading.Condition(_lock)
+_tickets = itertools.count()
+
+
+@dataclasses.dataclass
+class Place:
+    """A run's place among the runs of this process on one Spark application.
+
+    Attributes:
+        application: the Spark application id.
+        slots: the task slots the run needs.
+        ticket: its turn: lower tickets were submitted first.
+        admitted: whether it holds its slots (it may launch), or still waits its turn.
+    """
+
+    application: str
+    slots: int
+    ticket: int
+    admitted: bool = False
+
+
+# Per Spark application id: the places of the runs in flight, by the run's token.
+_places: dict[str, dict[int, Place]] = {}
+
+
+def next_ticket() -> int:
+    """A turn in line, taken when a run is submitted (so turns follow submission order)."""
+    return next(_tickets)
 
 
 def held_by_others(application: str, token: int) -> int:
     """Task slots the other runs of this process hold on ``application``."""
     with _lock:
-        return sum(n for t, n in _held.get(application, {}).items() if t != token)
+        return _held(application, token)
+
+
+def _held(application: str, token: int) -> int:
+    runs = _places.get(application, {})
+    return sum(p.slots for t, p in runs.items() if t != token and p.admitted)
 
 
 @contextlib.contextmanager
-def reserve(application: str, slots: int) -> Iterator[int]:
-    """Hold ``slots`` task slots of ``application`` while inside; yields this run's token.
+def reserve(
+    application: str, slots: int, ticket: int | None = None, admitted: bool = True
+) -> Iterator[int]:
+    """A place for ``slots`` task slots of ``application`` while inside; yields its token.
 
-    The token names this reservation to :func:`held_by_others`.
+    The token names the place to :func:`held_by_others` and :func:`take_turn`. With
+    ``admitted=False`` the place only waits in line until :func:`take_turn` admits it.
     """
-    token = id(object()) ^ threading.get_ident()
+    place = Place(application, slots, next_ticket() if ticket is None else ticket, admitted)
+    token = id(place) ^ threading.get_ident()
     with _lock:
-        while token in _held.get(application, {}):
+        while token in _places.get(application, {}):
             token += 1
-        _held.setdefault(application, {})[token] = slots
+        _places.setdefault(application, {})[token] = place
     try:
         yield token
     finally:
-        with _lock:
-            runs = _held.get(application, {})
+        with _changed:
+            runs = _places.get(application, {})
             runs.pop(token, None)
             if not runs:
-                _held.pop(application, None)
+                _places.pop(application, None)
+            _changed.notify_all()
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """What a run waits for, shown on its handle while it waits its turn."""
+
+    slots: int
+    held: int
+    total: int
+    position: int
+
+    def __str__(self) -> str:
+        return (
+            f"waiting for {self.slots} task slot{'s' if self.slots != 1 else ''} "
+            f"(other runs of this process hold {self.held} of the cluster's {self.total}), "
+            f"{ordinal(self.position)} in line"
+        )
+
+
+def ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ... ``11th``, ``21st``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def take_turn(
+    application: str,
+    token: int,
+    total: Callable[[], int],
+    wait: float | None,
+    refuse: Callable[[Line, bool], BaseException],
+    stop: StopSignal | None = None,
+    on_wait: Callable[[Line | None], None] | None = None,
+) -> int:
+    """Wait until the run of ``token`` may take its slots: every run submitted before it has
+    taken its own, and its slots fit beside what the runs going hold. Then take them.
+
+    A run that could never fit, even alone (``total()`` is below what it needs), is let
+    through at once: the capacity check then says why (or waits for executors to register).
+
+    Args:
+        application: the Spark application id.
+        token: the run's place, from :func:`reserve` with ``admitted=False``.
+        total: the cluster's task slots now.
+        wait: seconds to wait in line at most (0: not at all; None: as long as it takes).
+        refuse: the error to raise when the run may not wait (longer), given what it waits
+            for and whether it waited at all.
+        stop: a stop request ends the wait with CancelledError.
+        on_wait: told what the run waits for, and None once it has its turn.
+
+    Returns:
+        The slots the other runs of this process hold once this one has its turn.
+
+    Raises:
+        CancelledError: a stop was requested while waiting.
+        BaseException: what ``refuse`` gives.
+    """
+    started = time.monotonic()
+    waited: Line | None = None
+    try:
+        while True:
+            with _lock:
+                runs = _places.get(application, {})
+                alone = _held(application, token) == 0 and not any(
+                    not p.admitted and p.ticket < runs[token].ticket for p in runs.values()
+                )
+            # The cluster's size matters only beside other runs (a Py4J call: not under the lock).
+            slots_now = None if alone else total()
+            with _changed:
+                runs = _places.get(application, {})
+                place = runs[token]
+                ahead = [p for p in runs.values() if not p.admitted and p.ticket < place.ticket]
+                held = _held(application, token)
+                if slots_now is None:
+                    if held or ahead:
+                        continue  # another run came meanwhile: read the cluster's size
+                    slots_now = place.slots  # alone: whatever the size, it is its turn
+                fits = held == 0 or slots_now - held >= place.slots
+                if not ahead and (fits or slots_now < place.slots):
+                    place.admitted = True
+                    _changed.notify_all()  # the next in line may fit beside it
+                    return held
+                line = Line(place.slots, held, slots_now, len(ahead) + 1)
+                if stop is not None and stop.requested:
+                    raise CancelledError(f"cancelled while {line}")
+                left = None if wait is None else wait - (time.monotonic() - started)
+                if left is not None and left <= 0:
+                    raise refuse(line, waited is not None)
+                if line != waited:
+                    waited = line
+                    if on_wait is not None:
+                        on_wait(line)
+                _changed.wait(RECHECK if left is None else min(left, RECHECK))
+    finally:
+        if on_wait is not None:
+            on_wait(None)
 
 
 class StopSignal:
@@ -71,6 +213,8 @@ class StopSignal:
             queues = list(self._queues)
         for events in queues:
             events.put((0, {"type": STOP}))
+        with _changed:  # a run waiting its turn stops waiting
+            _changed.notify_all()
 
     @contextlib.contextmanager
     def attached(self, events: queue.Queue[Any]) -> Iterator[None]:

@@ -58,6 +58,19 @@ def launch_breakdown(
     return spent
 
 
+class Text(str):
+    """Text for people: a ``str`` that a REPL or a notebook shows as it reads, not escaped."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's display: the text, lines and all."""
+        printer.text(str(self))
+
+
 @dataclasses.dataclass
 class AttemptRecord:
     """One launch of every rank.
@@ -125,8 +138,12 @@ class RunRecord:
 
         return history_frame(self.reports)
 
-    def describe(self) -> str:
-        """A short table of the attempts and their phases, for people."""
+    def describe(self) -> Text:
+        """A short table of the attempts and their phases, for people.
+
+        A ``str`` whose repr is the text itself, so a REPL or a notebook shows the table
+        rather than an escaped one-line string.
+        """
         lines = []
         for a in self.attempts:
             spent = ", ".join(f"{p} {a.phases[p]:.2f}s" for p in PHASES if p in a.phases)
@@ -136,4 +153,4 @@ class RunRecord:
             if steps:
                 how = "forked warm" if a.breakdown.get("forked") else "new interpreter"
                 lines.append(f"  rank 0 ({how}): {steps}")
-        return "\n".join(lines)
+        return Text("\n".join(lines))

@@ -27,6 +27,7 @@ Run it::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -332,7 +333,44 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ],
         title="\nSummary",
     )
+    if results["single"] is not None:
+        local = args.np < 0 or str(args.master).startswith("local")
+        print(_why_they_differ(results, hr.last_run, abs(args.np), local), flush=True)
     return results
+
+
+def _why_they_differ(results: dict[str, Any], record: Any, ranks: int, local: bool) -> str:
+    """Why the distributed row can look worse than the single process on a small machine.
+
+    Args:
+        results: ``main``'s results, both runs in.
+        record: the HorovodRunner run's record (``hr.last_run``).
+        ranks: how many ranks trained.
+        local: whether the ranks ran on this machine (np < 0, or a local master).
+    """
+    hvd = results["hvd"]
+    attempt = record.attempts[-1] if record is not None and record.attempts else None
+    function = attempt.breakdown.get("function") if attempt is not None else None
+    lines = ["Why the rows differ:"]
+    if function is not None:
+        launch = max(0.0, hvd["seconds"] - function)
+        lines.append(
+            f"- HorovodRunner's {hvd['seconds']:.1f}s of wall time include {launch:.1f}s of "
+            "launch that the single process does not pay (the job, a Python per rank that "
+            f"imports torch, the rendezvous); train_hvd itself ran {function:.1f}s on rank 0 "
+            "(hr.last_run.describe() has every phase)."
+        )
+    if local:
+        lines.append(
+            f"- Its {ranks} ranks ran on this machine's {os.cpu_count()} CPU cores, which the "
+            "single process had to itself: more ranks pay off with a core or GPU each."
+        )
+    lines.append(
+        f"- Each rank trains on 1/{ranks} of the data per epoch (DistributedSampler), so an "
+        f"epoch is {ranks}x fewer optimizer steps, with the learning rate scaled by "
+        "hvd.size() as in the notebook: losses per epoch are not step for step alike."
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

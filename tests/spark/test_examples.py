@@ -166,6 +166,11 @@ def test_mnist_horovod(np_flag, tmp_path, capsys):
         assert load_latest(result[part]["log_dir"]).step == 2
         assert 0.0 <= result[part]["accuracy"] <= 1.0
     assert "[rank 0] epoch 2: mean train loss" in out  # log_to_driver passes the default filter
+    # The summary says why the distributed row can look worse than the single process.
+    assert ("Why the rows differ:" in out) == ("single" in parts)
+    if "single" in parts:
+        assert "of launch that the single process does not pay" in out
+        assert "ranks ran on this machine's" in out and "1/2 of the data per epoch" in out
 
 
 @pytest.mark.horovod

@@ -97,23 +97,55 @@ def test_a_failed_run_raises_from_result_what_run_raises(mode: str, tmp_path: Pa
     assert alive(recorded_pids(tmp_path / "submit")) == []
 
 
-def test_two_runs_at_once_share_the_cluster(spark: Any, tmp_path: Path) -> None:
-    """The cluster has two slots: two runs of one rank go on together; a third is refused
-    at once, saying why, instead of waiting in a barrier stage that cannot start."""
-    release = tmp_path / "release"
+def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Path) -> None:
+    """The cluster has two slots: two runs of one rank go on together. A run of two waits its
+    turn, and a later run of one that would fit sooner waits behind it (no overtaking); a run
+    cancelled while in line leaves it; queue_wait=0 refuses at once instead of waiting."""
+    release, release_third = tmp_path / "release", tmp_path / "release-third"
     runner = SparkRunner(np=1)
     first = runner.submit(trainers.talk_until, str(release))
     second = runner.submit(trainers.talk_until, str(release))
     wait_for(lambda: _said(first, "line 2", 1) and _said(second, "line 2", 1), 120, "both runs")
-    third = runner.submit(trainers.noop)
-    with pytest.raises(CapacityError, match="other runs of this process still going hold 2"):
-        third.result(120)
+    assert first.status() == "running"
+
+    hurried = SparkRunner(np=1, queue_wait=0).submit(trainers.noop)
+    with pytest.raises(CapacityError) as refused:
+        hurried.result(120)
+    assert str(refused.value).startswith(
+        "np=1 needs 1 free task slots at once, but other runs of this process still going "
+        "hold 2 of the cluster's 2 slots, and queue_wait=0 refuses to wait for them "
+        "(spark.sparktrain.queueWait)"
+    )
+
+    third = SparkRunner(np=2).submit(trainers.talk_until, str(release_third))
+    cancelled = runner.submit(trainers.noop)
+    fourth = runner.submit(trainers.noop)
+    held = "(other runs of this process hold 2 of the cluster's 2)"
+    wait_for(
+        lambda: fourth.status() == f"waiting for 1 task slot {held}, 3rd in line", 120, "a line"
+    )
+    assert third.status() == f"waiting for 2 task slots {held}, 1st in line"
+    assert cancelled.status() == f"waiting for 1 task slot {held}, 2nd in line"
+    assert (
+        repr(third)
+        == f"<RunHandle 'talk_until' waiting for 2 task slots {held}, 1st in line, 0 lines>"
+    )
+    assert cancelled.cancel() is True
+    assert cancelled.cancelled() and cancelled.status() == "cancelled"
+    with pytest.raises(concurrent.futures.CancelledError):
+        cancelled.result()
+    wait_for(lambda: fourth.status().endswith("2nd in line"), 60, "the line to move up")
+
     release.touch()
-    done, _ = concurrent.futures.wait([first, second], timeout=120)
-    assert {first, second} == done
-    assert [first.result(), second.result()] == [0, 0]
-    assert first.last_run is not second.last_run
+    assert [first.result(120), second.result(120)] == [0, 0]
+    assert first.status() == "done" and first.last_run is not second.last_run
     assert first.tail(1) == ["[rank 0] released"]
+    # The third runs once both have ended; the fourth, which would fit beside nothing less,
+    # still waits behind it, now first in line.
+    wait_for(lambda: _said(third, "line 2", 2), 120, "the third run's ranks")
+    assert fourth.status() == f"waiting for 1 task slot {held}, 1st in line"
+    release_third.touch()
+    assert third.result(120) == 0 and fourth.result(120) == 0
     assert _active_jobs(spark) == []
 
 

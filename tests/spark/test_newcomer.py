@@ -99,11 +99,18 @@ def test_readme_blocks_run_as_written_from_the_installed_wheel(installed: Path, 
     out = proc.stdout
     assert proc.returncode == 0, f"{out[-3000:]}\n{proc.stderr[-6000:]}"
     # Each block ran, in order, and printed what it says it prints.
-    assert out.count("--- README block at line") >= 5
+    assert out.count("--- README block at line") >= 8
     metrics = [line for line in out.splitlines() if line.startswith("{'loss': ")]
     assert len(metrics) == 2 and all("'world_size': 2}" in m for m in metrics), out
     assert [float(m.split()[1].rstrip(",")) < 0.5 for m in metrics] == [True, True], metrics
     lines = out.splitlines()
+    # The submitted runs: the record of the first, then the sweep's two losses, in order.
+    assert any(line.startswith("attempt 1: ok (") for line in lines), out
+    sweep = [line for line in lines if line.startswith("losses by lr: [")]
+    assert len(sweep) == 1 and sweep[0].count(",") == 1, out
+    # The decorator: a plain call, every rank's value, and a remote run's handle awaited.
+    assert "(0, 'here')" in lines and "[(0, 'there'), (1, 'there')]" in lines
+    assert "[(0, 0.01), (1, 0.01)]" in lines
     assert "2" in lines and "500" in lines  # HorovodRunner's size; rank 0's shard of 1000
     history = next(x for x in lines if x.startswith("{'epoch': 14"))
     assert "'val_accuracy'" in history
@@ -171,3 +178,31 @@ def test_tour_notebook_runs_from_the_installed_wheel(installed_kernel: str, tmp_
         if "Warning" in line
     ]
     assert noise == [], noise
+
+
+def test_databricks_horovod_notebook_runs_from_the_installed_wheel(
+    installed: Path, tmp_path: Path
+) -> None:
+    """Databricks' HorovodRunner MNIST notebook with its one import changed, in the installed
+    environment (no Horovod there): its module-level ``import horovod.torch as hvd`` gets the
+    stand-in that the wheel's sparktrain-horovod.pth installs."""
+    script = ROOT / "tests" / "fixtures" / "scripts" / "hvd_notebook.py"
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    proc = subprocess.run(
+        [str(installed), str(script), "-2", str(checkpoints)],
+        cwd=tmp_path,
+        env=_clean_env(installed),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"{out[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "[rank 0] Train Epoch: 1 [0/96 (0%)]" in out and "[rank 1] Train Epoch: 2" in out
+    assert "[rank 0] sparktrain: horovod.torch here is sparktrain's built-in implementation" in out
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "checkpoint-1.pth.tar",
+        "checkpoint-2.pth.tar",
+    ]
+    assert "driver: ConfigurationError: hvd.init() was called outside a Horovod rank" in out

@@ -451,4 +451,147 @@ def test_slots_are_held_per_application_while_a_run_goes() -> None:
         assert held_by_others("app-1", first) == 1
         assert held_by_others("app-1", second) == 2
         assert held_by_others("app-2", 0) == 0
+        with reserve("app-1", 5, admitted=False):  # waiting in line holds nothing
+            assert held_by_others("app-1", first) == 1
     assert held_by_others("app-1", 0) == 0
+
+
+class Refused(Exception):
+    """What the tests' ``refuse`` gives: the line it was refused in, and whether it waited."""
+
+
+def _refuse(line: Any, waited: bool) -> Refused:
+    return Refused(str(line), waited)
+
+
+def _in_line(application: str, slots: int, total: int, wait: float | None = None, **kw: Any):
+    """Take a place and wait for a turn in a thread; what it saw comes back in ``seen``."""
+    import contextlib
+    import threading
+
+    from sparktrain.driver.inflight import next_ticket, reserve, take_turn
+
+    seen: list[Any] = []
+    turn = threading.Event()
+    done = threading.Event()
+    leave = threading.Event()
+    ticket = next_ticket()  # taken now, in this (the submitting) thread
+
+    def go() -> None:
+        with contextlib.ExitStack() as stack:
+            token = stack.enter_context(reserve(application, slots, ticket, admitted=False))
+            try:
+                seen.append(
+                    take_turn(
+                        application,
+                        token,
+                        lambda: total,
+                        wait,
+                        _refuse,
+                        on_wait=lambda line: seen.append(line and str(line)),
+                        **kw,
+                    )
+                )
+            except BaseException as exc:  # noqa: BLE001 - the test looks at it
+                seen.append(exc)
+                done.set()
+                return
+            turn.set()
+            leave.wait(60)
+        done.set()
+
+    threading.Thread(target=go, daemon=True).start()
+    return seen, turn, leave, done
+
+
+def test_runs_that_do_not_fit_take_turns_in_the_order_they_came() -> None:
+    """2 slots: a run of 1 holds one; a run of 2 waits; a later run of 1, which would fit
+    beside the first, waits behind it (no overtaking); each starts when the one before leaves."""
+    from tests.helpers import wait_for
+
+    app = "app-turns"
+    first, first_turn, first_leave, first_done = _in_line(app, 1, total=2)
+    assert first_turn.wait(30) and first[-2:] == [None, 0]  # at once, nothing held beside it
+    big, big_turn, big_leave, _ = _in_line(app, 2, total=2)
+    wait_for(lambda: len(big) == 1, 30, "the run of 2 in line")
+    small, small_turn, small_leave, _ = _in_line(app, 1, total=2)
+    wait_for(lambda: len(small) == 1, 30, "the run of 1 in line")
+    held = "(other runs of this process hold 1 of the cluster's 2)"
+    assert big == [f"waiting for 2 task slots {held}, 1st in line"]
+    assert small == [f"waiting for 1 task slot {held}, 2nd in line"]
+    first_leave.set()
+    assert big_turn.wait(30) and big[-2:] == [None, 0]
+    # Now the run of 2 holds both: the run of 1 is first in line, and still waits.
+    now = "waiting for 1 task slot (other runs of this process hold 2 of the cluster's 2), 1st in line"
+    wait_for(lambda: small[-1] == now, 30, "the line to move up")
+    assert not small_turn.is_set()
+    big_leave.set()
+    assert small_turn.wait(30) and small[-2:] == [None, 0]
+    small_leave.set()
+    assert first_done.wait(30)
+
+
+def test_queue_wait_zero_refuses_at_once_and_a_duration_after_waiting() -> None:
+    from sparktrain.driver.inflight import reserve
+
+    app = "app-refuse"
+    with reserve(app, 2):  # another run holds both slots
+        at_once, _, _, done = _in_line(app, 1, total=2, wait=0)
+        assert done.wait(30)
+        assert len(at_once) == 2 and at_once[0] is None  # never told it waits: refused first
+        error = at_once[1]
+        assert isinstance(error, Refused) and error.args == (
+            "waiting for 1 task slot (other runs of this process hold 2 of the cluster's 2), "
+            "1st in line",
+            False,
+        )
+        later, _, _, done = _in_line(app, 1, total=2, wait=0.05)
+        assert done.wait(30)
+        assert isinstance(later[-1], Refused) and later[-1].args[1] is True  # it did wait
+        assert later[0].endswith("1st in line")
+
+
+def test_a_stop_takes_a_run_out_of_the_line() -> None:
+    from concurrent.futures import CancelledError
+
+    from sparktrain.driver.inflight import StopSignal, held_by_others, reserve
+    from tests.helpers import wait_for
+
+    app = "app-stop"
+    stop = StopSignal()
+    with reserve(app, 2) as holder:
+        waiting, _, _, done = _in_line(app, 2, total=2, stop=stop)
+        wait_for(lambda: len(waiting) == 1, 30, "the run in line")
+        stop.request()
+        assert done.wait(30)
+        assert isinstance(waiting[-1], CancelledError)
+        assert "cancelled while waiting for 2 task slots" in str(waiting[-1])
+        assert held_by_others(app, holder) == 0
+
+
+def test_a_run_the_cluster_could_never_hold_is_let_through_to_the_capacity_check() -> None:
+    """np=3 on 2 slots, beside a run: waiting would never end; the capacity check says why."""
+    from sparktrain.driver.inflight import reserve
+
+    with reserve("app-never", 1):
+        seen, turn, leave, _ = _in_line("app-never", 3, total=2, wait=None)
+        assert turn.wait(30) and seen == [None, 1]
+        leave.set()
+
+
+def test_places_in_line_read_as_ordinals() -> None:
+    from sparktrain.driver.inflight import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st",
+        "2nd",
+        "3rd",
+        "4th",
+        "11th",
+        "12th",
+        "13th",
+        "21st",
+        "22nd",
+        "101st",
+        "111th",
+    ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PATHS = ["sparktrain", "tests", "benchmarks"]
+PATHS = ["sparktrain", "tests", "benchmarks", "_sparktrain_horovod.py", "setup.py"]
 
 
 def tool(name: str) -> str:

@@ -407,6 +407,32 @@ def test_resolve_refuses_unknown_settings_and_np_override() -> None:
         RunConfig.resolve(1, {"np": 3}, environ={})
 
 
+def test_a_misspelt_setting_is_told_the_nearest_one() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        SparkRunner(np=-1, timout=60)
+    assert str(info.value) == "unknown setting 'timout' (did you mean 'timeout'?)"
+    with pytest.raises(ConfigurationError, match=r"'start_timout' \(did you mean 'start_timeout'"):
+        RunConfig.resolve(1, {"start_timout": 3}, environ={})
+    # Nothing near: every setting is listed instead.
+    with pytest.raises(ConfigurationError) as info:
+        SparkRunner(np=-1, colour="red")
+    assert "unknown setting 'colour'; the settings are: " in str(info.value)
+    assert "queue_wait" in str(info.value) and "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "read"), [(None, None), ("none", None), (0, 0), ("0", 0.0), ("90s", 90.0), (2.5, 2.5)]
+)
+def test_queue_wait_reads_a_duration_zero_or_none(value: Any, read: float | None) -> None:
+    assert RunConfig.resolve(1, {"queue_wait": value}, environ={}).queue_wait == read
+
+
+@pytest.mark.parametrize("value", [-1, "soon", float("inf"), True])
+def test_queue_wait_refuses_what_is_not_a_duration(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="queue_wait must be .*spark.sparktrain.queueWait"):
+        RunConfig.resolve(1, {"queue_wait": value}, environ={})
+
+
 @pytest.mark.parametrize(
     "source, where",
     [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +81,24 @@ def test_run_record_phases_sum_over_attempts_in_order():
         "attempt 1: failed: lost (submit 1.00s, rendezvous 2.00s)",
         "attempt 2: ok (capacity_wait 0.25s, submit 0.50s, training 4.00s, teardown 1.00s)",
     ]
+    # A REPL or a notebook shows the table as it reads, not as an escaped one-line string.
+    text = record.describe()
+    assert isinstance(text, str) and repr(text) == str(text) and "\n" in repr(text)
+    shown: list[str] = []
+
+    class Printer:  # what IPython's pretty printer hands a _repr_pretty_ method
+        def text(self, value: str) -> None:
+            shown.append(value)
+
+    text._repr_pretty_(Printer(), False)
+    assert shown == [str(text)]
+    try:
+        from IPython.lib.pretty import pretty
+    except ImportError:  # IPython is optional; the method above is what it calls
+        pass
+    else:
+        assert pretty(text) == str(text)
+    assert text.splitlines()[0].startswith("attempt 1: failed")  # still a str to callers
 
 
 def test_launch_breakdown_splits_rank0s_training_by_step():
@@ -210,3 +230,64 @@ def test_a_notebook_without_ipywidgets_gets_tqdms_text_bar_and_no_warning(monkey
         progress.close()
     assert progress._tqdm is std.tqdm  # a bar, not the plain lines tqdm.auto's failure gives
     assert "1/2" in err.getvalue() and "loss=0.5" in err.getvalue()
+
+
+class _Bar:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+class _Option:
+    """Scala's Option, as Py4J shows ``SparkContext.progressBar()``."""
+
+    def __init__(self, bar: _Bar | None) -> None:
+        self.bar = bar
+
+    def isDefined(self) -> bool:  # noqa: N802 - Scala's name
+        return self.bar is not None
+
+    def get(self) -> _Bar:
+        assert self.bar is not None
+        return self.bar
+
+
+class _Context:
+    def __init__(self, bar: _Bar | None) -> None:
+        option = _Option(bar)
+
+        class Jsc:
+            def sc(self) -> Any:
+                class Scala:
+                    def progressBar(self) -> _Option:  # noqa: N802
+                        return option
+
+                return Scala()
+
+        self._jsc = Jsc()
+
+
+def test_spark_console_bar_is_stopped_when_it_would_draw_over_a_terminal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import os
+
+    from sparktrain.driver.progress import quiet_spark_console
+
+    leader, follower = os.openpty()  # a real terminal
+    with os.fdopen(follower, "w") as terminal, open(tmp_path / "log", "w") as file:
+        bar = _Bar()
+        with caplog.at_level(logging.INFO):
+            assert quiet_spark_console(_Context(bar), terminal) is True
+        assert bar.stopped == 1
+        assert "Spark's console progress bar is off for this session" in caplog.text
+        # Output to a file (a notebook's kernel log, a CI log): Spark's bar is left alone.
+        untouched = _Bar()
+        assert quiet_spark_console(_Context(untouched), file) is False
+        assert untouched.stopped == 0
+        # A session built with spark.ui.showConsoleProgress=false has no bar to stop.
+        assert quiet_spark_console(_Context(None), terminal) is False
+    os.close(leader)

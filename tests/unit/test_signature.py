@@ -22,7 +22,13 @@ def flexible(*args: Any, **kwargs: Any) -> int:
 @pytest.mark.parametrize(
     ("args", "kwargs", "says"),
     [
-        ((0.1,), {"lrr": 0.1}, "unexpected keyword argument 'lrr'"),
+        ((0.1,), {"lrr": 0.1}, "unexpected keyword 'lrr'"),
+        ((), {"lrr": 0.1}, "unexpected keyword 'lrr' (did you mean 'lr'?)"),
+        (
+            (0.1,),
+            {"epoch": 2, "sed": 1},
+            "'epoch' (did you mean 'epochs'?); unexpected keyword 'sed' (did you mean 'seed'?)",
+        ),
         ((), {}, "missing a required argument: 'lr'"),
         ((0.1, 2, 3), {}, "too many positional arguments"),
         ((0.1,), {"lr": 0.2}, "multiple values for argument 'lr'"),
@@ -66,6 +72,9 @@ def test_run_refuses_a_misspelt_keyword_before_starting_anything(monkeypatch) ->
 
     runner = SparkRunner(np=-2)
     monkeypatch.setattr("sparktrain.runner.dump_call", no_launch)
-    with pytest.raises(CallError, match="unexpected keyword argument 'lrr'"):
-        runner.run(train, 0.1, lrr=0.1)
+    with pytest.raises(CallError) as info:
+        runner.run(train, lrr=0.1)
+    # Python alone would say "missing a required argument: 'lr'", hiding the misspelling.
+    assert "unexpected keyword 'lrr' (did you mean 'lr'?)" in str(info.value)
+    assert "missing" not in str(info.value)
     assert started == []
