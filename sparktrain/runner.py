@@ -19,10 +19,11 @@ from sparktrain.driver.handle import RunHandle, current_handle
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application, ranks_per_task
 from sparktrain.driver.progress import Progress
+from sparktrain.driver.python_probe import check_executor_python
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
-from sparktrain.payload import dump_call
+from sparktrain.payload import dump_call, dumps
 from sparktrain.script import run_script, script_call
 from sparktrain.signature import check_call
 from sparktrain.task.job import TaskJob
@@ -241,6 +242,8 @@ class SparkRunner:
             conf = session.conf if is_connect(session) else session.sparkContext.getConf()
             check_application(conf, config)
             per_task = ranks_per_task(conf, config)
+            if not is_connect(session):
+                check_executor_python(session.sparkContext, config.start_timeout)
         if session is None:
             from sparktrain.task.entry import local_gpus
 
@@ -254,9 +257,7 @@ class SparkRunner:
                 self._connect_plans[session.session_id] = plan
         hook = None
         if self._pre_rendezvous_hook is not None:
-            import cloudpickle
-
-            hook = cloudpickle.dumps(self._pre_rendezvous_hook)
+            hook = dumps(self._pre_rendezvous_hook)
         record = self.last_run = RunRecord()
         handle = current_handle()  # a submitted run: its output and stop go through it
         if handle is not None:
