@@ -30,15 +30,18 @@ grep '^torch==' sparktrain/constraints.txt > "$VENV/torch-only.txt"
 say "newest: $("$PY" -m pip list --format=freeze 2>/dev/null |
     grep -iE '^(cloudpickle|psutil|pyspark|pyarrow|pandas|numpy|fsspec|torch)==' | tr '\n' ' ')"
 export PYSPARK_PYTHON="$PY"
+# Every part runs even when one before it failed; the exit status says whether any did.
+status=0
 say "the unit tier"
-"$PY" -m pytest -q -rs -p no:cacheprovider -m "not horovod" tests/unit "$@"
+"$PY" -m pytest -q -rs -p no:cacheprovider -m "not horovod" tests/unit "$@" || status=1
 say "a Spark smoke run"
 "$PY" -m pytest -q -rs -p no:cacheprovider -m "not horovod" tests/spark/test_python_probe.py \
     tests/spark/test_runner.py \
-    -k "probe or returns_rank0_value or failed_rank_stops_everything or run_timeout_stops_ranks"
+    -k "probe or returns_rank0_value or failed_rank_stops_everything or run_timeout_stops_ranks" ||
+    status=1
 say "tracebacks with cloudpickle $CLOUDPICKLE_LOWEST, the lowest setup.cfg allows"
 "$PY" -m pip install -q "cloudpickle==$CLOUDPICKLE_LOWEST"
-status=0
-"$PY" -m pytest -q -rs -p no:cacheprovider tests/unit/test_payload_lines.py tests/unit/test_payload.py || status=$?
+"$PY" -m pytest -q -rs -p no:cacheprovider tests/unit/test_payload_lines.py \
+    tests/unit/test_payload.py || status=1
 "$PY" -m pip install -q --upgrade cloudpickle
 exit "$status"

@@ -90,3 +90,17 @@ def test_a_plain_unpickler_reads_the_payload(user_module: ModuleType) -> None:
     data = dumps(user_module.train)
     assert pickle.loads(data).__code__.co_filename == user_module.__file__
     assert cloudpickle.loads(data).__code__.co_firstlineno == 4
+
+
+def test_a_failed_ranks_error_names_the_users_file_and_line(user_module: ModuleType) -> None:
+    """What the user reads: the WorkerFailedError of a real run (one rank on this machine)."""
+    from sparktrain import SparkRunner
+    from sparktrain.errors import WorkerFailedError
+
+    with pytest.raises(WorkerFailedError) as info:
+        SparkRunner(np=-1, progress=False).run(user_module.train, 1)
+    message = str(info.value)
+    path = user_module.__file__
+    assert f'File "{path}", line {CALL_LINE}, in train' in message
+    assert f'File "{path}", line {STEP_LINE}, in step' in message
+    assert "<dynamic-code>" not in message
