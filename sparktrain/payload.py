@@ -5,9 +5,13 @@ from __future__ import annotations
 import dis
 import errno
 import inspect
+import io
 import os
 import pickle
 import stat
+import tempfile
+import types
+from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,49 @@ from sparktrain.errors import PayloadError
 from sparktrain.kept import LIFETIME
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def _code_with_filename(
+    rebuild: Callable[..., types.CodeType], args: tuple[Any, ...], filename: str
+) -> types.CodeType:
+    """Rebuild a pickled code object and give it back the file it was compiled from."""
+    return rebuild(*args).replace(co_filename=filename)
+
+
+def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
+    """cloudpickle's reduction of a code object, keeping its file name.
+
+    From cloudpickle 3.1.3 on, every code object pickled by value is rebuilt with the file
+    name ``<dynamic-code>`` (for payloads that do not depend on where a function was defined),
+    so a rank's traceback and stack dump would say ``File "<dynamic-code>", line 39`` instead
+    of naming the user's file. The file name travels beside the code instead; with a
+    cloudpickle that keeps it, the reduction is left as it is.
+    """
+    rebuild, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    if code.co_filename in args:
+        return rebuild, args
+    return _code_with_filename, (rebuild, args, code.co_filename)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, with code objects that keep their file names."""
+
+    dispatch_table = ChainMap({types.CodeType: _reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle ``obj`` as cloudpickle does, functions by value keeping their files and lines.
+
+    Args:
+        obj: what to pickle (a function, its arguments, a result).
+
+    Returns:
+        The pickle, which :func:`cloudpickle.loads` (or :func:`pickle.loads`, where sparktrain
+        is importable) reads back.
+    """
+    with io.BytesIO() as buffer:
+        _Pickler(buffer, protocol=_PROTOCOL).dump(obj)
+        return buffer.getvalue()
 
 
 def _mib(n: int) -> str:
@@ -63,7 +110,7 @@ def _global_names(code: Any) -> Iterator[str]:
 
 def _fails(obj: Any) -> Exception | None:
     try:
-        cloudpickle.dumps(obj, protocol=_PROTOCOL)
+        dumps(obj)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is what we look for
         return exc
     return None
@@ -103,7 +150,7 @@ def dump_call(
     if not callable(fn):
         raise PayloadError(f"run() needs a function to run on each rank; got {_type_name(fn)}")
     try:
-        data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=_PROTOCOL)
+        data = dumps((fn, tuple(args), dict(kwargs)))
     except Exception as exc:  # noqa: BLE001 - re-raised with the culprit named
         culprit = _culprit(fn, tuple(args), kwargs)
         where = f" The culprit is {culprit}." if culprit else ""
@@ -153,7 +200,7 @@ def dump_result(value: Any, limit: int, rank: int = 0) -> bytes:
         ResultTooLargeError: if its pickle exceeds ``limit`` bytes.
     """
     try:
-        data = cloudpickle.dumps(value, protocol=_PROTOCOL)
+        data = dumps(value)
     except Exception as exc:  # noqa: BLE001 - re-raised with context
         raise PayloadError(
             f"rank {rank} returned a {_type_name(value)} that cannot be pickled "

@@ -20,10 +20,11 @@ from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_ex
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application, ranks_per_task
 from sparktrain.driver.progress import Progress, quiet_spark_console
+from sparktrain.driver.python_probe import check_executor_python
 from sparktrain.driver.record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
-from sparktrain.payload import dump_call
+from sparktrain.payload import dump_call, dumps
 from sparktrain.script import run_script, script_call
 from sparktrain.signature import check_call
 from sparktrain.task.job import TaskJob
@@ -242,7 +243,6 @@ class SparkRunner:
             conf = session.conf if is_connect(session) else session.sparkContext.getConf()
             check_application(conf, config)
             per_task = ranks_per_task(conf, config)
-        if session is not None:
             # This host's old kept results (a local run's tasks do this themselves).
             kept.sweep(config.kept_results_ttl)
         if session is None:
@@ -250,6 +250,9 @@ class SparkRunner:
 
             local_gpus(config.use_gpu, config.world_size)  # no GPUs for use_gpu=True: say so now
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
+        if session is not None and not is_connect(session):
+            # After the checks that cost nothing: this one may run a one-task Spark job.
+            check_executor_python(session.sparkContext, config.start_timeout)
         plan = None
         if session is not None and is_connect(session):
             plan = self._connect_plans.get(session.session_id)
@@ -258,9 +261,7 @@ class SparkRunner:
                 self._connect_plans[session.session_id] = plan
         hook = None
         if self._pre_rendezvous_hook is not None:
-            import cloudpickle
-
-            hook = cloudpickle.dumps(self._pre_rendezvous_hook)
+            hook = dumps(self._pre_rendezvous_hook)
         record = self.last_run = RunRecord()
         handle = current_handle()  # a submitted run: its output and stop go through it
         if handle is not None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from sparktrain.commands import kept_cmd
 from sparktrain.commands.cli_target import UsageError, resolve_target
+from sparktrain.commands.pins import tested_constraints
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -125,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="Spark setting for the session --master creates (repeatable)",
+    )
+    commands.add_parser(
+        "constraints",
+        help="print the versions sparktrain was tested with, as a pip constraints file",
+        description="Print the pins the tests of this release ran with (torch the CPU build's "
+        "version), for pip install -c FILE: sparktrain constraints > constraints.txt",
     )
     install = commands.add_parser(
         "install-horovod",
@@ -342,6 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args:
                 raise UsageError("sparktrain doctor takes no ARGS")
             return cmd_doctor(options)
+        if options.command == "constraints":
+            if args:
+                raise UsageError("sparktrain constraints takes no ARGS")
+            sys.stdout.write(tested_constraints())
+            return 0
         if options.command == "install-horovod":
             if args:
                 raise UsageError("sparktrain install-horovod takes no ARGS")

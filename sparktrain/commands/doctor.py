@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from sparktrain.commands import doctor_probes as probes
 from sparktrain.commands.doctor_probes import ESSENTIALS, FAIL, OK, SKIP, WARN, Check
+from sparktrain.commands.doctor_spark import check_spark_session
 
 
 def run_checks(
@@ -40,7 +41,7 @@ def run_checks(
         ("torch", lambda: probes.check_torch(gpus)),
         ("java", lambda: probes.check_java(pyspark_version)),
         ("pyspark", lambda: probes.check_pyspark(pyspark_version)),
-        ("spark session", lambda: probes.check_spark_session(spark, pyspark_version)),
+        ("spark session", lambda: check_spark_session(spark, pyspark_version)),
         ("horovod", probes.check_horovod),
         ("mpirun", probes.check_mpirun),
         ("gpus", lambda: probes.check_gpus(gpus, why)),

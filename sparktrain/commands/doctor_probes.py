@@ -243,7 +243,10 @@ def check_pyspark(pyspark_version: str | None) -> list[Check]:
     found = Check("pyspark", OK, pyspark_version)
     python = os.environ.get("PYSPARK_PYTHON")
     if not python:
-        detail = "PYSPARK_PYTHON unset: local executors run `python3` from PATH"
+        detail = (
+            "PYSPARK_PYTHON unset: on a local master sparktrain's jobs run this interpreter; "
+            "elsewhere executors run `python3` from their PATH (checked before each run)"
+        )
         fix = (
             f"export PYSPARK_PYTHON={sys.executable} (or set "
             "spark.pyspark.python) to an interpreter with sparktrain and torch"
@@ -257,42 +260,6 @@ def check_pyspark(pyspark_version: str | None) -> list[Check]:
         fix = f"install sparktrain into {python}, or point PYSPARK_PYTHON at {sys.executable}"
         return [found, Check("executor python", FAIL, detail, fix)]
     return [found, Check("executor python", OK, f"PYSPARK_PYTHON={python} imports sparktrain")]
-
-
-_SPARK_CODE = """
-import json, os, sys
-from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[2]").appName("sparktrain-doctor")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .getOrCreate())
-try:
-    sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
-    n = sc.parallelize(range(2), 2).barrier().mapPartitions(lambda it: [1]).sum()
-    print(json.dumps({"version": spark.version, "tasks": n}))
-finally:
-    spark.stop()
-"""
-
-
-def check_spark_session(enabled: bool, pyspark_version: str | None) -> list[Check]:
-    """When ``enabled``: a local[2] SparkSession starts and runs a 2-task barrier stage."""
-    if not enabled:
-        return [Check("spark session", SKIP, "not tried (sparktrain doctor --spark starts one)")]
-    if pyspark_version is None:
-        return [Check("spark session", SKIP, "pyspark is not installed")]
-    env = dict(os.environ)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    data, text = _python_json(_SPARK_CODE, timeout=SPARK_TIMEOUT, env=env)
-    if data is None or data.get("tasks") != 2:
-        detail = f"local[2] barrier stage failed: {_last_line(text)}"
-        fix = (
-            "check Java (above), PYSPARK_PYTHON, and that the hostname resolves "
-            "(export SPARK_LOCAL_IP=127.0.0.1)"
-        )
-        return [Check("spark session", FAIL, detail, fix)]
-    detail = f"Spark {data['version']}: local[2] ran a 2-task barrier stage"
-    return [Check("spark session", OK, detail)]
 
 
 _HOROVOD_CODE = """

@@ -74,12 +74,17 @@ def installed(tmp_path_factory) -> Path:
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
-    pins = ["-c", str(ROOT / "constraints.txt")]  # the versions the suite runs with
-    _run([str(python), "-m", "pip", "install", "-q", *pins, "torch"], timeout=1200)
-    _run(
-        [str(python), "-m", "pip", "install", "-q", *pins, f"{wheel}[{EXTRAS}]", "ipykernel"],
-        timeout=1200,
-    )
+    # As the README's Install says: the package alone, its pins, then torch and the rest with
+    # them (torch from pip's configuration here, the CPU build, where the README names
+    # PyTorch's CPU index).
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    _run([*pip, "--no-deps", str(wheel), "cloudpickle"], timeout=600)
+    printed = _run([str(venv / "bin" / "sparktrain"), "constraints"], cwd=work).stdout
+    assert printed == (ROOT / "constraints.txt").read_text()  # the versions the suite runs with
+    pins = work / "constraints.txt"
+    pins.write_text(printed)
+    _run([*pip, "-c", str(pins), "torch"], timeout=1200)
+    _run([*pip, "-c", str(pins), f"{wheel}[{EXTRAS}]", "ipykernel"], timeout=1200)
     return python
 
 

@@ -220,6 +220,14 @@ def fake_probes(
 
     monkeypatch.setattr(doctor_probes, "_command", command)
     monkeypatch.setattr(doctor_probes, "_python_json", python_json)
+    # Horovod is installed in this world (whether it imports is python_json's answer above),
+    # whether or not it is in the environment running the tests.
+    find_spec = doctor_probes.importlib.util.find_spec
+    monkeypatch.setattr(
+        doctor_probes.importlib.util,
+        "find_spec",
+        lambda name, *rest: object() if name == "horovod" else find_spec(name, *rest),
+    )
     monkeypatch.setattr(
         doctor_probes.shutil, "which", lambda name: None if name == "mpirun" else f"/usr/bin/{name}"
     )
