@@ -233,6 +233,11 @@ def _without_traceback(tail: list[str], traceback: str | None) -> list[str]:
     return tail[:start] + tail[end:]
 
 
+def _last_line(text: str) -> str:
+    """The last line of ``text`` that is not blank (a traceback's exception line)."""
+    return next((line for line in reversed(text.splitlines()) if line.strip()), "")
+
+
 def describe_stopped(stopped: Mapping[int, WorkerFailure], tail_lines: int = 10) -> str:
     """Where each rank was when the run was stopped: one line per rank, then each rank's
     stack and last output lines; empty for no ranks."""
@@ -255,7 +260,9 @@ class WorkerFailedError(SparkTrainError):
     The root cause is the earliest failure, except that failures which read as a consequence
     of losing a peer (a collective raising "connection closed by peer", "Horovod has been
     shut down", …) rank after every other kind, whatever their time. The ranks that had not
-    failed but were stopped because of it come last, with where each was.
+    failed but were stopped because of it follow the other failed ranks, with where each
+    was; when anything follows the root cause, the message ends with it again (its headline
+    and its exception's line), so that the last lines shown name it.
 
     Attributes:
         failures: every failed rank's record, by rank.
@@ -291,6 +298,14 @@ class WorkerFailedError(SparkTrainError):
         if self.stopped:
             lines.append("")
             lines.append(describe_stopped(self.stopped, tail_lines=5))
+        if others or self.stopped:
+            # What a terminal shows last is what is read first: the root cause again, not
+            # the last of the ranks that followed it.
+            lines.append("")
+            head = self.root_cause.describe().splitlines()[0]
+            lines.append(f"Root cause, as above: {head}")
+            if self.root_cause.traceback:
+                lines.append(_last_line(self.root_cause.traceback))
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -143,7 +143,8 @@ def make_spark_converter(
         digests = integrity.record(fs, root, converter.files)
     manifest = {**converter.to_manifest(), integrity.KEY: digests}
     fs.pipe(posixpath.join(root, MANIFEST_NAME), json.dumps(manifest).encode())
-    return converter
+    # The ranks check each file against the record as they read it.
+    return dataclasses.replace(converter, digests=digests)
 
 
 def default_cache_dir() -> str:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparktrain.data.columns import FLOAT_DTYPES, ColumnKind, column_kind, null_error
+from sparktrain.data.verified import VerifiedFiles
 from sparktrain.errors import ConfigurationError
 from sparktrain.worker import shared_paths
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 MANIFEST_NAME = "_sparktrain_manifest.json"
 MANIFEST_VERSION = 2  # 2: with the part files' sizes and SHA-256 (data/integrity.py)
+# Where the manifest keeps them (integrity.KEY, which imports this module).
+_DIGESTS_KEY = "integrity"
 
 
 def normalize_url(url: str) -> str:
@@ -108,6 +111,10 @@ class SparkDatasetConverter:
         storage_options: fsspec options (e.g. credentials) for reading ``url``.
         shared: a local ``url`` is one file system mounted on every host (NFS, ``/dbfs``):
             see :meth:`make_torch_dataloader`.
+        digests: ``{file name: [size, SHA-256 hex]}`` recorded when a cache's files were
+            written (``make_spark_converter``); each file is then checked against it as it is
+            read (see :mod:`sparktrain.data.verified`). None for files of your own
+            (``from_parquet``), which are read as they are.
 
     Example:
         >>> converter = make_spark_converter(df)
@@ -124,6 +131,7 @@ class SparkDatasetConverter:
     dtype: str | None = None
     storage_options: Mapping[str, Any] | None = None
     shared: bool = False
+    digests: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in FLOAT_DTYPES:
@@ -250,9 +258,16 @@ class SparkDatasetConverter:
             fs.rm(root, recursive=True)
 
     def open_file(self, index: int) -> tuple[pq.ParquetFile, Any]:
-        """Open file ``index`` for reading; returns the Parquet file and a handle to close."""
+        """Open file ``index`` for reading; returns the Parquet file and a handle to close.
+
+        Raises:
+            ConfigurationError: the file is not the one recorded when it was written (a
+                cache's file swapped or changed), naming it.
+        """
         fs, root = filesystem(self.url, self.storage_options)
         path = posixpath.join(root, self.files[index])
+        if self.digests is not None:
+            return self._verified().open(path, self.files[index], is_local(fs), fs)
         if is_local(fs):
             # Mapped, Arrow decodes column chunks straight from the page cache instead of
             # first copying each one into a freshly allocated buffer.
@@ -260,6 +275,18 @@ class SparkDatasetConverter:
             return parquet, parquet
         handle = fs.open(path, "rb")
         return pq.ParquetFile(handle), handle
+
+    def _verified(self) -> VerifiedFiles:
+        """This process's checker of the files (it remembers which it has hashed)."""
+        checker = self.__dict__.get("_checker")
+        if checker is None:
+            checker = VerifiedFiles(self.url, self.digests or {})
+            object.__setattr__(self, "_checker", checker)
+        return checker
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What one process has hashed says nothing about the files another one will open.
+        return {k: v for k, v in self.__dict__.items() if k != "_checker"}
 
     @classmethod
     def from_parquet(
@@ -350,6 +377,7 @@ class SparkDatasetConverter:
             null_counts={str(k): int(v) for k, v in manifest["null_counts"].items()},
             dtype=manifest["dtype"],
             storage_options=storage_options,
+            digests=manifest.get(_DIGESTS_KEY) or {},
         )
 
 

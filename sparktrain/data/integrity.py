@@ -2,11 +2,20 @@
 
 A cache on shared storage outlives the run that wrote it, and whoever else can write there
 could swap a part file (flipped labels, another data set). So the manifest records each part
-file's size and SHA-256 at write time (the tasks' writer hashes the bytes as it writes them;
-after Spark's writer the driver reads the files back once), and a converter reuses the cache
-only when every file still has them. This protects the files, not the manifest: an account
-that can rewrite the manifest too can defeat it, which is why the default cache lives in the
-user's private folder and a shared one belongs where only its owner can write.
+file's size and SHA-256, and the converter reuses the cache only when every file still has
+them; the ranks check each file again as they read it, and decode only the bytes they hashed
+(see :mod:`sparktrain.data.verified`), so a file swapped after the reuse check, or while a
+rank reads it, fails the read naming the file.
+
+Where the record comes from: the tasks' writer (``writer="tasks"``) hashes the bytes as it
+writes them, in the task that writes them, so the record is of what was written. Spark's own
+writer gives no such hook: after its job the driver reads the files back once, so a file
+swapped between Spark's write and that read is recorded as it was found. The default cache is
+in the user's private folder, where no other account can do that.
+
+This protects the files, not the manifest: an account that can rewrite the manifest too can
+defeat it, which is why the default cache lives in the user's private folder and a shared one
+belongs where only its owner can write.
 """
 
 from __future__ import annotations
@@ -17,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sparktrain.data.dataset import is_local
-from sparktrain.errors import ConfigurationError
+from sparktrain.data.dataset import _DIGESTS_KEY, is_local
+from sparktrain.data.verified import changed
 
-KEY = "integrity"
+KEY = _DIGESTS_KEY
 _CHUNK = 1 << 20
 
 # {file name: [size in bytes, SHA-256 hex]}, as stored in the manifest under KEY.
@@ -62,23 +71,14 @@ def verify(fs: Any, root: str, url: str, names: Sequence[str], recorded: Mapping
     for name in names:
         expected = recorded.get(name)
         if not isinstance(expected, list) or len(expected) != 2:
-            raise _changed(url, name, "it is not in the manifest's record of what was written")
+            raise changed(url, name, "it is not in the manifest's record of what was written")
     sizes = {name: fs.size(posixpath.join(root, name)) for name in names}
     for name in names:
         if sizes[name] != recorded[name][0]:
-            raise _changed(
+            raise changed(
                 url, name, f"it has {sizes[name]} bytes, and {recorded[name][0]} were written"
             )
     found = record(fs, root, names)
     for name in names:
         if found[name][1] != recorded[name][1]:
-            raise _changed(url, name, "its SHA-256 differs from the one recorded when written")
-
-
-def _changed(url: str, name: str, why: str) -> ConfigurationError:
-    return ConfigurationError(
-        f"the data cache {url} was changed after it was written: {name}: {why}. Another "
-        f"account or process that can write there may have swapped it, so it is not used. "
-        f"Delete {url} to have it written again, and keep the cache where only you can write "
-        f"(cache_dir= or spark.sparktrain.data.cacheDir; the default is your private folder)"
-    )
+            raise changed(url, name, "its SHA-256 differs from the one recorded when written")

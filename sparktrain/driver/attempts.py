@@ -214,7 +214,8 @@ class Attempts:
                 server,
                 out=self.out or self.progress.wrap(sys.stdout),
                 on_report=self._on_report,
-                kept_name=kept_result_name(job.run_id, job.attempt) if job.all_ranks else None,
+                kept_name=kept_result_name(job.run_id, job.attempt),
+                all_ranks=job.all_ranks,
             )
             stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
             try:

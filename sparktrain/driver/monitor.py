@@ -100,9 +100,11 @@ class RunMonitor:
         server: the run's channel.
         out: where log lines go (the driver's stdout by default).
         on_report: called with each ``sparktrain.report`` message.
-        kept_name: for ``run_all``, the name of rank 0's kept file (``rank0`` becomes each
-            rank's) under which the results that reached the driver are kept when the run
-            fails because others did not fit; None when rank 0's value alone comes back.
+        kept_name: the name of rank 0's kept file (``rank0`` becomes each rank's) under
+            which the results that reached the driver are kept when the run fails (and so
+            returns none of them); None to let them go.
+        all_ranks: every rank's value comes back (``run_all``), rather than rank 0's alone;
+            by default, when ``kept_name`` is given.
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class RunMonitor:
         out: TextIO | None = None,
         on_report: Callable[[dict[str, Any]], None] | None = None,
         kept_name: str | None = None,
+        all_ranks: bool | None = None,
     ) -> None:
         self.config = config
         self.server = server
@@ -140,12 +143,13 @@ class RunMonitor:
         self.vote: InterfaceVote | None = None
         # When each milestone was reached (time.monotonic()); see phases().
         self.times: dict[str, float] = {}
-        # Set for run_all (every rank's value comes back): what the driver keeps of them
-        # is named after it when the run fails because some did not fit.
+        # What the driver keeps of the results it received is named after it when the run
+        # fails: a rank that finished as another failed keeps its value.
         self.kept_name = kept_name
         # Each task index's rank, once the layout is made.
         self.rank_of: dict[int, int] = {}
-        self.results = ResultReceiver(config.max_result_bytes, all_ranks=kept_name is not None)
+        every = kept_name is not None if all_ranks is None else all_ranks
+        self.results = ResultReceiver(config.max_result_bytes, all_ranks=every)
         # When rank 0's launch reached each step, on its host (see task.records.launch_times).
         self.rank0_times: dict[str, Any] | None = None
         # The ranks' output, and the count of lines the tasks did not forward.
@@ -270,6 +274,8 @@ class RunMonitor:
                 stop_deadline, cancel_deadline = None, self._cancel(launch)
         self.times["end"] = time.monotonic()
         self.lines.finish()
+        if interrupted or stop_asked:
+            self._keep_results(say=True)
         if interrupted:
             self._collect_stopped(done)
             if self.stopped:
@@ -459,6 +465,17 @@ class RunMonitor:
                 return WorkerFailedError(self.failures)
         return None
 
+    def _keep_results(self, say: bool = False) -> str:
+        """Keep the results that reached the driver of a run that returns none of them (a rank
+        that finished as another failed, or as the run was stopped); what the error says of
+        them (empty when none arrived), or with ``say``, a warning says it."""
+        if self.kept_name is None:
+            return ""
+        kept = self.results.keep(self.rank_of, self.kept_name)
+        if kept and say:
+            _log.warning("the run returns no value%s", kept)
+        return kept
+
     def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = done.get("records") or []
         self.rank0_times = next((r.get("times") for r in records if r.get("rank") == 0), None)
@@ -468,10 +485,10 @@ class RunMonitor:
                 self._failed(WorkerFailure.from_json(record["failure"]))
         self._collect_stopped(done)
         if self.failures:
-            kept = ""
-            if self.kept_name and any(f.phase == "result" for f in self.failures.values()):
-                kept = self.results.keep(self.rank_of, self.kept_name)
+            kept = self._keep_results()
             raise WorkerFailedError(self.failures, kept, stopped=self.stopped)
+        if self.stop_error is not None or done.get("error") is not None:
+            self._keep_results(say=True)
         if isinstance(self.stop_error, RunTimeoutError):
             # Raised with where every rank was, which is known only now.
             raise type(self.stop_error)(self.stop_error.reason, self.stopped)

@@ -5,9 +5,11 @@ A Spark task's return value is held whole by the executor's JVM, serialized ther
 again by the driver under ``spark.driver.maxResultSize``: a result of a few hundred MiB kills
 an executor with OutOfMemoryError. So the result goes to the driver in pieces over the
 channel, and the task's record only says that it did. A task sends its ranks' results one at
-a time. If the driver does not confirm that it holds the result (it was cut short, or all
-ranks' results together would pass ``max_result_bytes``), the task keeps it in a file on its host and the record names that file:
-a trained result is never lost.
+a time, also when the run is being stopped (another rank failed): the driver collects the
+results already on their way while it waits for the tasks to end, and keeps them when the run
+fails. If the driver does not confirm that it holds the result (it was cut short, or all
+ranks' results together would pass ``max_result_bytes``), the task keeps it in a file on its
+host and the record names that file: a trained result is never lost.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from sparktrain.wire import protocol
 CHUNK = 1 << 19
 # The driver's confirmation may take this long, plus a second for every 16 MiB.
 CONFIRM_TIMEOUT = 60.0
-# Why a result is not sent while the driver stops the run.
+# ... and while the run is being stopped (the driver then collects the results already on
+# their way while it waits, a few seconds, for the tasks to confirm their end).
+STOP_CONFIRM_TIMEOUT = 10.0
+# Why the driver did not hold a result sent while it stopped the run.
 STOPPING = "the run was being stopped when it finished"
 
 
@@ -49,15 +54,13 @@ def deliver(
         data = record.get("result")
         if data is None:
             yield record
-        elif session.aborted.is_set():
-            # The driver is stopping the run (a timeout, a failed rank, Ctrl-C): it will not
-            # take a result now, and the rank did not fail.
-            yield _kept(session, record, data, host, STOPPING, stopped=True)
         elif (error := _send(session, record["index"], data)) is None:
             yield {**record, "result": None, "result_sent": len(data)}
         else:
-            # A stop that came while it was on its way is no failure of the rank either.
-            yield _kept(session, record, data, host, error, stopped=session.aborted.is_set())
+            # A stop (a timeout, a failed rank, Ctrl-C) that came before the driver confirmed
+            # it is no failure of the rank.
+            stopped = session.aborted.is_set()
+            yield _kept(session, record, data, host, STOPPING if stopped else error, stopped)
 
 
 def _send(session: TaskSession, index: int, data: bytes) -> str | None:
@@ -73,7 +76,10 @@ def _send(session: TaskSession, index: int, data: bytes) -> str | None:
         client.send(protocol.RESULT_END(index=index, size=len(data), sha256=digest))
     except (OSError, wire.FrameError) as exc:
         return f"sending it failed ({exc})"
-    return session.result_saved(CONFIRM_TIMEOUT + len(data) / (16 << 20))
+    # While the run is stopped the driver still answers, as long as it waits for the tasks to
+    # confirm their end; past that it answers no more, and the task must not outwait it.
+    patience = STOP_CONFIRM_TIMEOUT if session.aborted.is_set() else CONFIRM_TIMEOUT
+    return session.result_saved(patience + len(data) / (16 << 20))
 
 
 def _kept(

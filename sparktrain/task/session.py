@@ -132,7 +132,6 @@ class TaskSession:
         assembler = GoAssembler()
 
         def read() -> None:
-            reason = "the driver closed the connection"
             try:
                 while True:
                     message = client.receive()
@@ -153,16 +152,24 @@ class TaskSession:
                         self._saved_answer = message
                         self._saved.set()
                     elif kind is protocol.ABORT:
-                        reason = message["reason"]
-                        break
+                        abort(message["reason"])
             except (OSError, EOFError, wire.FrameError):
                 if client.closed:
                     return
+            # The connection ended: no answer to a result sent will come any more.
+            self._saved.set()
+            abort("the driver closed the connection")
+
+        def abort(reason: str) -> None:
+            # Once: the first word of a stop is the one the ranks hear. Reading goes on after
+            # it: a result on its way is still answered (the driver collects results while it
+            # waits for the tasks to confirm their end).
+            if self.aborted.is_set():
+                return
             self.aborted.set()
             self._go.set()
             self._chosen.set()
             self._shared.set()
-            self._saved.set()
             self.events.put(("abort", -1, reason))
 
         threading.Thread(target=read, name="sparktrain-abort-listener", daemon=True).start()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sparktrain.payload import load_kept
+
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -92,11 +94,16 @@ def test_spark_submit_application_trains_with_spark_runner(tmp_path):
 @pytest.mark.skipif(not SPARK_SUBMIT.exists(), reason=f"{SPARK_SUBMIT} not found")
 def test_a_failed_job_ends_with_sparktrains_error(tmp_path):
     """With Spark's own logging (no quiet log4j file), the job of the README's shape prints
-    the root cause last: no Spark shutdown line after it."""
+    the root cause last: no Spark shutdown line after it. Its rank 1 fails once rank 0 has
+    finished, so rank 0's result is on its way to the driver as the run is stopped: the
+    driver collects it and keeps it, and the error names the file."""
+    (tmp_path / "handshake").mkdir()
+    env = child_env()
+    env["TMPDIR"] = str(tmp_path)  # the driver keeps rank 0's result in its private folder
     done = subprocess.run(
-        [*submit_argv(), str(FIXTURES / "scripts" / "failing_job.py")],
+        [*submit_argv(), str(FIXTURES / "scripts" / "failing_job.py"), "handshake"],
         cwd=tmp_path,
-        env=child_env(),
+        env=env,
         # One stream, as a terminal shows it (spark-submit passes the Python app's stderr on
         # to its stdout, and Spark logs to stderr).
         stdout=subprocess.PIPE,
@@ -108,7 +115,16 @@ def test_a_failed_job_ends_with_sparktrains_error(tmp_path):
     assert done.returncode == 1, "\n".join(shown[-80:])
     first = max(i for i, line in enumerate(shown) if line.startswith("WorkerFailedError: "))
     after = shown[first:]
-    assert after[0] == "WorkerFailedError: 1 rank(s) failed. Root cause:", after
+    kept = re.fullmatch(
+        r"WorkerFailedError: 1 rank\(s\) failed \(of the results that reached the driver, "
+        r"rank 0's: it is kept in (\S+\.pkl) \(sparktrain\.load_kept\(path\) reads it back\)\)"
+        r"\. Root cause:",
+        after[0],
+    )
+    assert kept is not None, after
+    assert Path(kept.group(1)).is_relative_to(tmp_path)
+    assert load_kept(kept.group(1)) == "finished first"
+    assert not any("did not reach the driver" in line for line in after), after
     assert any(
         line.startswith("rank 1 on ")
         and line.endswith("raised ValueError: rank 1 could not find its data")
