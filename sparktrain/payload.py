@@ -9,7 +9,6 @@ import io
 import os
 import pickle
 import stat
-import tempfile
 import types
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping
