@@ -25,7 +25,10 @@ README = ROOT / "README.md"
 NOTEBOOK = ROOT / "notebooks" / "sparktrain_tour.ipynb"
 EXTRAS = "spark,data,examples"
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# The first test pays for building the wheel and installing it with its pins into a fresh
+# venv (each pip step has a deadline of its own below), then runs every README block: the
+# suite's default limit per test (300 s) is for one test's work, not for a whole install.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
