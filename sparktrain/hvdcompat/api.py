@@ -40,23 +40,23 @@ from sparktrain.hvdcompat.collectives import (
     Product,
     Sum,
     allgather,
-    allgather_object,
+    allgather_async,
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    barrier,
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    broadcast_object,
-    join,
     poll,
     synchronize,
 )
 from sparktrain.hvdcompat.compression import Compression, Compressor
+from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.functions import broadcast_optimizer_state, broadcast_parameters
+from sparktrain.hvdcompat.handles import DuplicateNameError
+from sparktrain.hvdcompat.objects import allgather_object, barrier, broadcast_object, join
 from sparktrain.hvdcompat.optimizer import DistributedOptimizer
 
 __all__ = [
@@ -65,12 +65,15 @@ __all__ = [
     "Compression",
     "Compressor",
     "DistributedOptimizer",
+    "DuplicateNameError",
     "Handle",
+    "HorovodInternalError",
     "Max",
     "Min",
     "Product",
     "Sum",
     "allgather",
+    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_",
@@ -112,7 +115,6 @@ __all__ = [
 # Names of horovod.torch that this implementation does not provide.
 NOT_PROVIDED = frozenset(
     {
-        "allgather_async",
         "alltoall",
         "alltoall_async",
         "reducescatter",

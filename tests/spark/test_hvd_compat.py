@@ -226,3 +226,99 @@ def test_too_many_backward_passes_fail_naming_the_setting() -> None:
         _runner(-2, "builtin").run(hvd_compat.too_many_backward_passes)
     assert "gradients were computed more than backward_passes_per_step=1 times" in str(info.value)
     assert "raise backward_passes_per_step in hvd.DistributedOptimizer" in str(info.value)
+
+
+# Horovod's values by hand: averages and scale factors multiply in float64 and truncate toward
+# zero (-73 / 2 = -36.5 gives -36); int16/uint8 sums wrap; a bool sum is a logical or.
+EXACT = {
+    2: {
+        "int32_average": [-36, 2, 3, 0, 50],
+        "int_prescale": [-6, 2, 4],
+        "int_inplace_scaled": [-3, 1, 2],
+        "int16_sum": [True, [-5536, -4]],  # 60000 wraps
+        "int16_min_max_product": [[0, -1, 6], [1, 0, 7], [0, 0, 42]],
+        "uint8_sum": [144, 2],
+        "int16_allgather": ["torch.int16", [[-1000, -1000], [-1001, -1001], [-1001, -1001]]],
+        "allgather_async": [0, 1, 10, 11],
+        "after_errors": [1.0],
+        "held": [3.0],
+        "reused": [4.0],
+    },
+    3: {
+        "int32_average": [-24, 1, 2, 0, 33],
+        "int_prescale": [-9, 3, 6],
+        "int_inplace_scaled": [-4, 1, 3],
+        "int16_sum": [True, [24464, -6]],  # 90000 wraps
+        "int16_min_max_product": [[0, -2, 5], [2, 0, 7], [0, 0, 210]],
+        "uint8_sum": [88, 3],
+        "int16_allgather": [
+            "torch.int16",
+            [[-1000, -1000], [-1001, -1001], [-1001, -1001]] + [[-1002, -1002]] * 3,
+        ],
+        "allgather_async": [0, 1, 10, 11, 20, 21],
+        "after_errors": [3.0],
+        "held": [6.0],
+        "reused": [6.0],
+    },
+}
+MISMATCHES = {
+    "allreduce_dtype": "hvd.allreduce: the ranks passed tensors of different data types: "
+    "rank 0 int32, rank 1 float32. Every rank must pass the same; nothing was sent",
+    "allreduce_shape": "tensors of different shapes: rank 0 [17, 17, 17], rank 1 [18, 18, 18]",
+    "allreduce_rank_of_shape": "different shapes: rank 0 [17, 6], rank 1 [17, 2, 3]",
+    "allreduce_op": "different reduction ops (op=): rank 0 hvd.Sum, rank 1 hvd.Max",
+    "allreduce_postscale": "(postscale_factor=): rank 0 1.0, rank 1 2.0",
+    "allreduce_async_dtype": "different data types: rank 0 float32, rank 1 float64",
+    "allgather_shape": "hvd.allgather: the ranks passed tensors whose shapes differ beyond the "
+    "first dimension: rank 0 [2, 3], rank 1 [2, 4]",
+    "allgather_dtype": "hvd.allgather: the ranks passed tensors of different data types: "
+    "rank 0 int64, rank 1 float32",
+    "broadcast_shape": "hvd.broadcast: the ranks passed tensors of different shapes: "
+    "rank 0 [17, 10, 17], rank 1 [17, 20, 17]",
+    "broadcast_dtype": "hvd.broadcast: the ranks passed tensors of different data types",
+    "broadcast_root": "different root ranks (root_rank=): rank 0 0, rank 1 1",
+    "names": "the ranks passed different names (name=): rank 0 and rank 1 differ",
+    "collective": "the ranks called different collectives at the same point: rank 0 "
+    "hvd.allreduce, rank 1 hvd.barrier. Every rank must call the same collectives",
+}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_integer_arithmetic_odd_dtypes_and_mismatched_inputs_as_horovod(n: int) -> None:
+    views = _runner(-n, "builtin").run(hvd_compat.arithmetic_types_and_mismatches)["views"]
+    assert len(views) == n
+    for rank, view in enumerate(views):
+        assert view["reinit"] == [(rank, n), (rank, n)]  # init() again after shutdown()
+        for key, expected in EXACT[n].items():
+            assert view[key] == expected, (rank, key)
+        # The same whatever the size: rank 0 holds the sum alone, or every rank's share
+        # truncates before the sum.
+        assert view["int64_average"] == view["int16_average"] == EXACT[n]["int32_average"]
+        assert view["int_postscale"] == [-109, 7, 10, -1, 150]  # -109.5 -> -109
+        assert view["int_prescale_average"] == [-3, 1, 2]
+        assert view["bool_sum_min_max"] == [
+            [True, True, False, True],
+            [False, False, False, True],
+            [True, True, False, True],
+        ]
+        assert view["int16_broadcast"] == [-300, 1]
+        assert view["uint16_broadcast"] == [60001, 60001]
+        assert view["bool_average"][:2] == ["HorovodInternalError", "RuntimeError"]
+        assert (
+            "bool tensors cannot be averaged or scaled: use op=hvd.Sum" in view["bool_average"][2]
+        )
+        assert set(view["errors"]) == set(MISMATCHES)
+        for key, fragment in MISMATCHES.items():
+            kind, base, message = view["errors"][key]
+            assert (kind, base) == ("HorovodInternalError", "RuntimeError"), key
+            assert fragment in message, (rank, key, message)
+        assert f"(name='loss-{rank}' here)" in view["errors"]["names"][2]
+        # Refused on every rank at once, as a ValueError (Horovod's type for it).
+        assert view["duplicate"] == [
+            "DuplicateNameError",
+            "ValueError",
+            "hvd.allreduce: an operation named 'dup' is still in flight on this rank; give each "
+            "concurrent operation its own name=, or hvd.synchronize() the first before "
+            "starting the next",
+        ]
+        assert view["duplicate_other_kind"] == [0]  # names are per kind of collective
