@@ -103,6 +103,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if owns:
         backend = "cpu:gloo,cuda:nccl" if _uses_cuda() else "gloo"
         dist.init_process_group(backend, store=_store(rank, size), rank=rank, world_size=size)
+        # Every rank's connections are complete before any returns, so that a shutdown()
+        # right after init() cannot close a connection a peer is still making.
+        dist.barrier()
     elif (dist.get_rank(), dist.get_world_size()) != (rank, size):
         raise ValueError(
             f"torch.distributed is already initialized as rank {dist.get_rank()} of "

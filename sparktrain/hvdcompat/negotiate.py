@@ -44,7 +44,8 @@ _DEVICES = ("none", "cpu", "cuda")
 # Dimensions carried one by one; a tensor with more has the rest folded into the last slot.
 MAX_DIMS = 8
 _HEADER = 9  # kind, name, dtype, device, op, root, prescale, postscale, ndim
-SLOTS = _HEADER + MAX_DIMS
+_NUMEL = _HEADER + MAX_DIMS  # then the dimensions, then the number of elements
+SLOTS = _NUMEL + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,7 @@ def encode(request: Request) -> list[int]:
         _float_bits(request.postscale),
         len(shape),
         *_shape_slots(shape),
+        tensor.numel() if tensor is not None else 0,
     ]
 
 
@@ -148,22 +150,25 @@ def _describe(row: list[int], what: int) -> str:
     return str(row[what])
 
 
-def _mismatch(rows: list[list[int]], slot: int) -> tuple[int, int] | None:
-    """The first rank whose value of ``slot`` differs from rank 0's, with rank 0."""
-    for rank, row in enumerate(rows):
-        if row[slot] != rows[0][slot]:
-            return 0, rank
+Rows = list[tuple[int, list[int]]]  # (rank, its description)
+
+
+def _mismatch(rows: Rows, slot: int) -> tuple[int, int] | None:
+    """The first rank whose value of ``slot`` differs from the first row's, with that one."""
+    first, values = rows[0]
+    for rank, row in rows:
+        if row[slot] != values[slot]:
+            return first, rank
     return None
 
 
-def _fail(
-    rows: list[list[int]], request: Request, what: str, slot: int, pair: tuple[int, int]
-) -> None:
+def _fail(rows: Rows, request: Request, what: str, slot: int, pair: tuple[int, int]) -> None:
+    by_rank = dict(rows)
     a, b = pair
     if slot == 1:  # only hashes travel: say who differs
         detail = f"rank {a} and rank {b} differ"
     else:
-        detail = f"rank {a} {_describe(rows[a], slot)}, rank {b} {_describe(rows[b], slot)}"
+        detail = f"rank {a} {_describe(by_rank[a], slot)}, rank {b} {_describe(by_rank[b], slot)}"
     label = f"hvd.{request.kind}" + (f" (name={request.name!r} here)" if request.name else "")
     raise HorovodInternalError(
         f"{label}: the ranks passed {what}: {detail}. Every rank must pass the same; nothing "
@@ -171,31 +176,31 @@ def _fail(
     )
 
 
-def agree(
+def exchange(
     request: Request, device: torch.device, group: dist.ProcessGroup | None = None
-) -> Agreement:
-    """Exchange ``request`` with every rank of ``group`` and check that they fit together.
-
-    Args:
-        request: what this rank is about to run.
-        device: where the exchange's buffer lives (the collective's device).
-        group: the process group (None: every rank).
-
-    Raises:
-        HorovodInternalError: on every rank, when the descriptions do not fit together.
-    """
+) -> list[list[int]]:
+    """Every rank's description of what it is about to run, in rank order."""
     mine = torch.tensor(encode(request), dtype=torch.int64, device=device)
     n = dist.get_world_size(group)
     gathered = [torch.empty_like(mine) for _ in range(n)]
     dist.all_gather(gathered, mine, group=group)
-    rows = [row.tolist() for row in torch.stack(gathered).cpu()]
+    return [row.tolist() for row in torch.stack(gathered).cpu()]
+
+
+def check(rows: Rows, request: Request) -> None:
+    """Raise unless the descriptions ``rows`` fit together (``request`` is this rank's).
+
+    Raises:
+        HorovodInternalError: naming the first difference found.
+    """
     pair = _mismatch(rows, 0)
     if pair is not None:
+        by_rank = dict(rows)
         a, b = pair
         raise HorovodInternalError(
             f"the ranks called different collectives at the same point: rank {a} "
-            f"{_describe(rows[a], 0)}, rank {b} {_describe(rows[b], 0)}. Every rank must call "
-            "the same collectives in the same order; nothing was sent"
+            f"{_describe(by_rank[a], 0)}, rank {b} {_describe(by_rank[b], 0)}. Every rank must "
+            "call the same collectives in the same order; nothing was sent"
         )
     checks = [
         (1, "different names (name=)"),
@@ -212,13 +217,75 @@ def agree(
             _fail(rows, request, what, slot, pair)
     if request.kind in ("allgather", "grouped_allgather", "alltoall"):
         # The first dimension may differ; the others must not.
-        shape_slots = [8, *range(_HEADER + 1, SLOTS)]
+        shape_slots = [8, *range(_HEADER + 1, _NUMEL)]
         what = "tensors whose shapes differ beyond the first dimension"
     else:
-        shape_slots = list(range(8, SLOTS))
+        shape_slots = list(range(8, _NUMEL))
         what = "tensors of different shapes"
     for slot in shape_slots:
         pair = _mismatch(rows, slot)
         if pair is not None:
             _fail(rows, request, what, 8, pair)
+
+
+def joined(rows: list[list[int]]) -> list[int]:
+    """The ranks whose description is ``hvd.join``."""
+    return [rank for rank, row in enumerate(rows) if row[0] == _KIND_CODE["join"]]
+
+
+def agree(
+    request: Request, device: torch.device, group: dist.ProcessGroup | None = None
+) -> Agreement:
+    """Exchange ``request`` with every rank of ``group`` and check that they fit together.
+
+    Ranks that have joined (``hvd.join``) stand in for an allreduce with zeros, as in Horovod;
+    any other collective cannot run while a rank has joined.
+
+    Args:
+        request: what this rank is about to run.
+        device: where the exchange's buffer lives (the collective's device).
+        group: the process group (None: every rank).
+
+    Raises:
+        HorovodInternalError: on every rank, when the descriptions do not fit together.
+    """
+    rows = exchange(request, device, group)
+    gone = joined(rows)
+    if gone:
+        if request.kind != "allreduce":
+            raise HorovodInternalError(
+                f"hvd.{request.kind} cannot run while rank(s) {', '.join(map(str, gone))} have "
+                "joined (hvd.join): joined ranks stand in only for allreduce; call "
+                f"hvd.{request.kind} before hvd.join() on every rank"
+            )
+    check([(rank, row) for rank, row in enumerate(rows) if rank not in gone], request)
     return Agreement(first_dims=[row[_HEADER] for row in rows])
+
+
+@dataclasses.dataclass(frozen=True)
+class StandIn:
+    """What a joined rank contributes to the others' allreduce: zeros of this kind."""
+
+    dtype: torch.dtype
+    numel: int
+    op: int
+
+
+def stand_in(rows: list[list[int]]) -> StandIn | None:
+    """The allreduce the ranks that have not joined agreed on, if they did (None: they did
+    not, or it is not an allreduce, and they raise instead)."""
+    active = [(rank, row) for rank, row in enumerate(rows) if rank not in joined(rows)]
+    if not active or active[0][1][0] != _KIND_CODE["allreduce"]:
+        return None
+    try:
+        check(active, Request("allreduce"))
+    except HorovodInternalError:
+        return None
+    row = active[0][1]
+    return StandIn(_DTYPES[row[2] - 1], row[_NUMEL], row[4])
+
+
+def joined_rounds(rows: list[list[int]]) -> list[int]:
+    """For an exchange where every rank is in ``hvd.join``: the round each was in (the
+    ``root`` slot carries how many exchanges the rank has spent in join)."""
+    return [row[5] for row in rows]

@@ -4,15 +4,29 @@
 from __future__ import annotations
 
 import io
-import time
 from typing import Any
 
 import cloudpickle
 import torch
+import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked, comm_device
-from sparktrain.hvdcompat.collectives import _check_root, _no_process_set, allgather, broadcast_
-from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.collectives import (
+    _TORCH_OPS,
+    _check_root,
+    _no_process_set,
+    allgather,
+    broadcast_,
+)
+from sparktrain.hvdcompat.negotiate import (
+    Request,
+    agree,
+    exchange,
+    joined,
+    joined_rounds,
+    stand_in,
+)
+from sparktrain.hvdcompat.wire import for_reduction
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
@@ -68,11 +82,27 @@ def barrier(process_set: Any = None) -> None:
 
 
 def join(device: int = -1) -> int:
-    """Wait until every process has called join(); returns the rank that joined last.
+    """Stand in for this rank in the others' allreduces until every rank has joined; returns
+    the rank that joined last (the same on every rank).
 
-    Unlike Horovod, processes that have joined do not stand in for later collectives of the
-    others: every process must call join() at the same point (typically after training).
+    As in Horovod, a joined rank contributes zeros to every allreduce the others run (an
+    Average still divides by ``size()``); any other collective run while a rank has joined
+    raises :class:`HorovodInternalError` on the ranks that called it.
+
+    Args:
+        device: the GPU to stand in on, or -1 for the collectives' default device.
     """
     _checked()
-    arrived = allgather(torch.tensor([time.time()], dtype=torch.float64, device=comm_device()))
-    return int(torch.argmax(arrived).item())
+    where = torch.device("cuda", device) if device >= 0 else comm_device()
+    rounds = 0
+    while True:
+        rows = exchange(Request("join", root=rounds), where)
+        if len(joined(rows)) == len(rows):
+            spent = joined_rounds(rows)
+            fewest = min(spent)
+            return max(rank for rank, count in enumerate(spent) if count == fewest)
+        rounds += 1
+        zeros = stand_in(rows)
+        if zeros is not None:
+            buffer = for_reduction(torch.zeros(zeros.numel, dtype=zeros.dtype, device=where))
+            dist.all_reduce(buffer, op=_TORCH_OPS[zeros.op])

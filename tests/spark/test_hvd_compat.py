@@ -322,3 +322,31 @@ def test_integer_arithmetic_odd_dtypes_and_mismatched_inputs_as_horovod(n: int) 
             "starting the next",
         ]
         assert view["duplicate_other_kind"] == [0]  # names are per kind of collective
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_join_stands_in_with_zeros_as_horovod(n: int) -> None:
+    views = _runner(-n, "builtin").run(hvd_compat.join_stand_ins)["views"]
+    # One rank's zeros in the sum, and the average still divides by n (truncating integers):
+    # (n - 1) * [-73, 5, 7] / n.
+    average = {2: [[-36, 2, 3], [0.75, -1.5]], 3: [[-48, 3, 4], [1.0, -2.0]]}[n]
+    for rank, rounds in enumerate(views):
+        assert [seen["first"] for seen in rounds] == list(range(n))
+        for seen in rounds:
+            first = seen["first"]
+            # The rank that joined last: among those that joined together, the highest.
+            last = max(set(range(n)) - {first})
+            assert seen["returned"] == last and seen["agreed"] == [last] * n, (rank, seen)
+            if rank == first:
+                assert set(seen) == {"first", "returned", "agreed"}
+                continue
+            assert seen["average"] == average
+            assert seen["sum"] == [n * (n + 1) // 2 - (first + 1)]
+            for what in ("allgather", "barrier"):
+                assert seen[what] == [
+                    "HorovodInternalError",
+                    "RuntimeError",
+                    f"hvd.{what} cannot run while rank(s) {first} have joined (hvd.join): "
+                    f"joined ranks stand in only for allreduce; call hvd.{what} before "
+                    "hvd.join() on every rank",
+                ]
