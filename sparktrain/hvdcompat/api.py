@@ -55,9 +55,25 @@ from sparktrain.hvdcompat.collectives import (
 from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.functions import broadcast_optimizer_state, broadcast_parameters
+from sparktrain.hvdcompat.grouped import (
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+)
 from sparktrain.hvdcompat.handles import DuplicateNameError
 from sparktrain.hvdcompat.objects import allgather_object, barrier, broadcast_object, join
 from sparktrain.hvdcompat.optimizer import DistributedOptimizer
+from sparktrain.hvdcompat.scatter import (
+    alltoall,
+    alltoall_async,
+    reducescatter,
+    reducescatter_async,
+)
 
 __all__ = [
     "Adasum",
@@ -79,6 +95,8 @@ __all__ = [
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
+    "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -94,6 +112,14 @@ __all__ = [
     "ddl_built",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_homogeneous",
     "is_initialized",
@@ -106,6 +132,8 @@ __all__ = [
     "nccl_built",
     "poll",
     "rank",
+    "reducescatter",
+    "reducescatter_async",
     "rocm_built",
     "shutdown",
     "size",
@@ -115,18 +143,6 @@ __all__ = [
 # Names of horovod.torch that this implementation does not provide.
 NOT_PROVIDED = frozenset(
     {
-        "alltoall",
-        "alltoall_async",
-        "reducescatter",
-        "reducescatter_async",
-        "grouped_allreduce",
-        "grouped_allreduce_",
-        "grouped_allreduce_async",
-        "grouped_allreduce_async_",
-        "grouped_allgather",
-        "grouped_allgather_async",
-        "grouped_reducescatter",
-        "grouped_reducescatter_async",
         "sparse_allreduce_async",
         "ProcessSet",
         "add_process_set",

@@ -1,8 +1,11 @@
-"""Horovod's collectives (allreduce, allgather, broadcast, their objects and async forms) on
+"""Horovod's collectives (allreduce, allgather, broadcast, and their async forms) on
 torch.distributed.
 
-Results follow Horovod's arithmetic: ``op=Average`` sums the (prescaled) tensors and
-multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.
+Every collective first agrees with the other ranks on what it is about to run (see
+:mod:`sparktrain.hvdcompat.negotiate`), so inputs that do not fit together raise
+:class:`HorovodInternalError` on every rank before any data moves. Results follow Horovod's
+arithmetic (see :mod:`sparktrain.hvdcompat.wire`): ``op=Average`` sums the (prescaled)
+tensors and multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.
 """
 
 from __future__ import annotations

@@ -135,6 +135,8 @@ _OPS = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
 
 
 def _describe(row: list[int], what: int) -> str:
+    if what == 4 and row[0] == _KIND_CODE["alltoall"]:
+        return str(row[4])
     if what == 4:
         return f"hvd.{_OPS[row[4]]}" if 0 <= row[4] < len(_OPS) else str(row[4])
     if what == 0:
@@ -202,11 +204,14 @@ def check(rows: Rows, request: Request) -> None:
             f"{_describe(by_rank[a], 0)}, rank {b} {_describe(by_rank[b], 0)}. Every rank must "
             "call the same collectives in the same order; nothing was sent"
         )
+    ops = "different reduction ops (op=)"
+    if request.kind == "alltoall":  # the op slot says whether the rank refused its splits
+        ops = "splits that one rank refused (1: refused; see its error)"
     checks = [
         (1, "different names (name=)"),
         (2, "tensors of different data types"),
         (3, "tensors on different devices"),
-        (4, "different reduction ops (op=)"),
+        (4, ops),
         (5, "different root ranks (root_rank=)"),
         (6, "different prescale factors (prescale_factor=)"),
         (7, "different postscale factors (postscale_factor=)"),

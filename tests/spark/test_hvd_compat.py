@@ -97,10 +97,13 @@ def test_workshop_steps_as_horovod() -> None:
 @pytest.mark.parametrize(
     ("what", "expected"),
     [
-        ("alltoall", "hvd.alltoall is not supported by sparktrain's built-in horovod.torch"),
+        (
+            "sync_batch_norm",
+            "hvd.SyncBatchNorm is not supported by sparktrain's built-in horovod.torch",
+        ),
         ("adasum", "op=hvd.Adasum is not supported by sparktrain's built-in horovod.torch; use"),
     ],
-    ids=["alltoall", "adasum"],
+    ids=["sync_batch_norm", "adasum"],
 )
 def test_unsupported_parts_fail_naming_themselves(mode: str, what: str, expected: str) -> None:
     if mode == "spark" and what == "adasum":
@@ -350,3 +353,75 @@ def test_join_stands_in_with_zeros_as_horovod(n: int) -> None:
                     f"joined ranks stand in only for allreduce; call hvd.{what} before "
                     "hvd.join() on every rank",
                 ]
+
+
+# By hand: rows of arange(10).reshape(5, 2) dealt as Horovod deals them (2 ranks: 3 + 2
+# rows; 3 ranks: 2 + 2 + 1), summed over the ranks.
+SCATTERED = {
+    2: [[[0, 2], [4, 6], [8, 10]], [[12, 14], [16, 18]]],
+    3: [[[0, 3], [6, 9]], [[12, 15], [18, 21]], [[24, 27]]],
+}
+PRESCALED = {  # each rank's rows halved and truncated first
+    2: [[[0, 0], [2, 2], [4, 4]], [[6, 6], [8, 8]]],
+    3: [[[0, 0], [3, 3]], [[6, 6], [9, 9]], [[12, 12]]],
+}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_grouped_alltoall_and_reducescatter_as_horovod(n: int) -> None:
+    views = _runner(-n, "builtin").run(hvd_compat.grouped_alltoall_reducescatter)["views"]
+    for rank, view in enumerate(views):
+        assert view["grouped_average"] == {2: [[-36], [1.5]], 3: [[-24], [2.0]]}[n]
+        assert view["grouped_inplace"] == [[n * (n - 1) // 2], [float(n)]]
+        assert view["grouped_async"] == [[float(n)], [2.0 * n]]
+        assert view["grouped_allgather"] == [
+            [k for r in range(n) for k in range(r + 1)],
+            [[r, r] for r in range(n)],
+        ]
+        assert view["reducescatter_sum"] == SCATTERED[n][rank]
+        shift = (n - 1) / 2  # the mean of the ranks' "+ r"
+        assert view["reducescatter_average"] == [
+            [value / n + shift for value in row] for row in SCATTERED[n][rank]
+        ]
+        assert view["reducescatter_prescale"] == PRESCALED[n][rank]
+        assert view["grouped_reducescatter"] == [
+            SCATTERED[n][rank],
+            [[float(v) for v in row] for row in SCATTERED[n][rank]],
+        ]
+        assert view["alltoall_equal"] == [
+            v + 2 * rank for i in range(n) for v in (100 * i, 100 * i + 1)
+        ]
+        assert view["alltoall_int16"] == [-(i + 1) for i in range(n)]
+        start = rank * (rank + 1) // 2  # rank j receives j + 1 rows from each rank
+        assert view["alltoall_splits"] == [
+            [10 * i + start + m for i in range(n) for m in range(rank + 1)],
+            [rank + 1] * n,
+            "torch.int32",
+        ]
+        assert view["alltoall_async"] == [[rank * (i + 1) for i in range(n)], [1] * n]
+        errors = view["errors"]
+        for key, (kind, base, _) in errors.items():
+            assert (kind, base) == ("HorovodInternalError", "RuntimeError"), key
+        assert errors["alltoall_indivisible"][2] == (
+            f"hvd.alltoall without splits deals the first dimension equally, but {n + 1} rows "
+            f"do not divide among {n} ranks: pass splits="
+        )
+        if rank == 0:
+            assert errors["alltoall_splits_one_rank"][2] == (
+                f"hvd.alltoall's splits {[n + 5] + [0] * (n - 1)} must give one count >= 0 per "
+                f"rank ({n}) adding up to the first dimension ({n})"
+            )
+        else:
+            assert (
+                "the ranks passed splits that one rank refused"
+                in (errors["alltoall_splits_one_rank"][2])
+            )
+        assert errors["alltoall_float_splits"][2] == (
+            "hvd.alltoall's splits must be integers, not torch.float32"
+        )
+        assert errors["reducescatter_scalar"][2] == (
+            "hvd.reducescatter needs a tensor with a first dimension"
+        )
+        assert "different shapes: rank 0 [4, 1], rank 1 [4, 2]" in errors["reducescatter_shape"][2]
+        assert "different data types: rank 0 float32, rank 1 float64" in errors["grouped_dtype"][2]
+        assert view["after_errors"] == [float(n)]
