@@ -9,6 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparktrain.hvdcompat.autograd import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    reducescatter,
+)
 from sparktrain.hvdcompat.basics import (
     ccl_built,
     cross_rank,
@@ -39,13 +48,10 @@ from sparktrain.hvdcompat.collectives import (
     Min,
     Product,
     Sum,
-    allgather,
     allgather_async,
-    allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
@@ -56,9 +62,7 @@ from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.functions import broadcast_optimizer_state, broadcast_parameters
 from sparktrain.hvdcompat.grouped import (
-    grouped_allgather,
     grouped_allgather_async,
-    grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
@@ -69,9 +73,7 @@ from sparktrain.hvdcompat.handles import DuplicateNameError
 from sparktrain.hvdcompat.objects import allgather_object, barrier, broadcast_object, join
 from sparktrain.hvdcompat.optimizer import DistributedOptimizer
 from sparktrain.hvdcompat.scatter import (
-    alltoall,
     alltoall_async,
-    reducescatter,
     reducescatter_async,
 )
 

@@ -425,3 +425,22 @@ def test_grouped_alltoall_and_reducescatter_as_horovod(n: int) -> None:
         assert "different shapes: rank 0 [4, 1], rank 1 [4, 2]" in errors["reducescatter_shape"][2]
         assert "different data types: rank 0 float32, rank 1 float64" in errors["grouped_dtype"][2]
         assert view["after_errors"] == [float(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gradients_through_collectives_as_horovod_defines_them(n: int) -> None:
+    views = _runner(-n, "builtin").run(hvd_compat.gradients)["views"]
+    mean = (n + 1) / 2  # of the ranks' weights r + 1
+    total = n * (n + 1) / 2
+    for rank, view in enumerate(views):
+        assert view["allreduce_average"] == [mean] * 3
+        assert view["allreduce_sum"] == [total] * 3
+        # The averaged gradient of the gathered rows, this rank's rows of it.
+        offset = rank * (rank + 1) // 2
+        assert view["allgather"] == [[(offset + k) * mean] * 2 for k in range(rank + 1)]
+        assert view["broadcast"] == [mean if rank == 1 else 0.0] * 2  # root 1 only
+        assert view["alltoall"] == [rank + 1 + 100.0 * j for j in range(n)]
+        shares = [[float(r + 1)] for r in range(n) for _ in range(2)]
+        assert view["reducescatter_average"] == shares
+        assert view["reducescatter_sum"] == [[v * n for v in row] for row in shares]
+        assert view["grouped_allreduce"] == [[total] * 2, [2.0 * n]]
