@@ -68,6 +68,7 @@ from sparktrain.hvdcompat.grouped import (
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
+    sparse_allreduce_async,
 )
 from sparktrain.hvdcompat.handles import DuplicateNameError
 from sparktrain.hvdcompat.objects import allgather_object, barrier, broadcast_object, join
@@ -139,13 +140,13 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "synchronize",
 ]
 
 # Names of horovod.torch that this implementation does not provide.
 NOT_PROVIDED = frozenset(
     {
-        "sparse_allreduce_async",
         "ProcessSet",
         "add_process_set",
         "remove_process_set",

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from sparktrain.hvdcompat.basics import _checked
 from sparktrain.hvdcompat.collectives import (
     Average,
     allgather_async,
@@ -139,3 +140,29 @@ def grouped_reducescatter(
         compression.decompress(out, ctx)
         for out, (_, ctx) in zip(handle.wait(), packed, strict=True)
     ]
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str | None = None, op: int = Average, process_set: Any = None
+) -> Any:
+    """Start reducing a sparse COO tensor by gathering every rank's indices and values, as
+    Horovod does; returns a function that waits and gives the reduced sparse tensor (values
+    divided by ``size()`` for ``op=hvd.Average``; duplicate indices are left to sum when the
+    tensor is coalesced or made dense)."""
+    sparse = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    label = "sparse" if name is None else name
+    indices = allgather_async(
+        sparse.indices().transpose(0, 1).contiguous(), f"{label}.indices", process_set
+    )
+    values = allgather_async(sparse.values(), f"{label}.values", process_set)
+
+    def wait() -> torch.Tensor:
+        gathered_values = values.wait()
+        gathered_indices = indices.wait()
+        if op == Average:
+            gathered_values = gathered_values / _checked().size
+        return torch.sparse_coo_tensor(
+            gathered_indices.transpose(0, 1), gathered_values, tensor.size()
+        )
+
+    return wait

@@ -444,3 +444,49 @@ def test_gradients_through_collectives_as_horovod_defines_them(n: int) -> None:
         assert view["reducescatter_average"] == shares
         assert view["reducescatter_sum"] == [[v * n for v in row] for row in shares]
         assert view["grouped_allreduce"] == [[total] * 2, [2.0 * n]]
+
+
+def test_broadcast_optimizer_state_for_every_torch_optimizer() -> None:
+    result = _runner(-2, "builtin").run(hvd_compat.optimizer_states)
+    ours, theirs = result["states"]
+    for name in hvd_compat.OPTIMIZERS:
+        if name == "SGD":
+            # Stateless (no momentum): nothing is broadcast, as in Horovod, so each rank
+            # keeps its own options.
+            assert ours[name]["state"] == theirs[name]["state"] == {}
+            assert [ours[name]["param_groups"][0]["lr"], theirs[name]["param_groups"][0]["lr"]] == [
+                0.01,
+                0.02,
+            ]
+            continue
+        assert ours[name]["state"], name  # one step made state to broadcast
+        assert theirs[name] == ours[name], name  # rank 1 holds rank 0's state and options
+        assert theirs[name]["param_groups"][0]["lr"] == 0.01, name
+    assert result["lbfgs"] == [
+        "ValueError",
+        "ValueError",
+        "cannot broadcast torch.optim.LBFGS state",
+    ]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sparse_gradients_reduced_as_horovod(n: int) -> None:
+    result = _runner(-n, "builtin").run(hvd_compat.sparse_gradients)
+    assert result["size"] == n
+    # Rank r's row r holds r + 1; the average over n ranks.
+    rows = [(r + 1) / n if r < n else 0.0 for r in range(4) for _ in range(2)]
+    # How often each id appears, averaged over the ranks (rank 0 and the others differ).
+    counts = {
+        2: [0, 1, 1, 1, 2, 0.5, 0, 0.5, 0, 1],
+        3: [0, 1, 2 / 3, 1, 2, 1 / 3, 0, 2 / 3, 0, 1],
+    }[n]
+    first = result["views"][0]
+    for view in result["views"]:
+        assert sum(view["sparse_allreduce"], []) == pytest.approx(rows)
+        for as_dense in (False, True):
+            is_sparse, grad = view[f"sparse_as_dense={as_dense}"]
+            assert is_sparse is True  # SparseAdam gets the sparse gradient it needs
+            assert grad == pytest.approx(counts, rel=1e-6)
+            # One replica: every rank stepped with the same reduced gradient.
+            key = f"weights, sparse_as_dense={as_dense}"
+            assert view[key] == first[key]
