@@ -23,9 +23,22 @@ from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.scatter import reducescatter_async
 
 
+class _Parts:
+    """The members' handles, seen as one piece of work (for :meth:`Handle.poll`)."""
+
+    def __init__(self, parts: list[Handle]) -> None:
+        self.parts = parts
+
+    def is_completed(self) -> bool:
+        return all(part.poll() for part in self.parts)
+
+    def wait(self) -> None:
+        """Nothing to do: the group's result waits for each member."""
+
+
 def _group(kind: str, name: str | None, parts: list[Handle]) -> Handle:
     key = claim(kind, name)
-    return Handle(None, lambda: [part.wait() for part in parts], key=key)
+    return Handle(_Parts(parts), lambda: [part.wait() for part in parts], key=key)
 
 
 def grouped_allreduce_async_(
