@@ -68,13 +68,18 @@ def allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: Any = None,
+    layout: tuple[tuple[Any, ...], ...] = (),
 ) -> Handle:
-    """Start reducing ``tensor`` over all processes, in place; see :func:`allreduce`."""
+    """Start reducing ``tensor`` over all processes, in place; see :func:`allreduce`.
+
+    ``layout`` is for a group fused into ``tensor``: its members' dtypes and shapes, which
+    must agree between the ranks too.
+    """
     _no_process_set(process_set, "allreduce")
     op = resolve_op(op, average)
     _checked()
     key = claim("allreduce", name)
-    request = Request("allreduce", name, tensor, op, -1, prescale_factor, postscale_factor)
+    request = Request("allreduce", name, tensor, op, -1, prescale_factor, postscale_factor, layout)
     try:
         agree(request, comm_device(tensor))
         after = postscale_factor / _checked().size if op == Average else postscale_factor

@@ -50,13 +50,38 @@ def grouped_allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: Any = None,
 ) -> Handle:
-    """Start reducing every tensor of ``tensors`` in place."""
-    claim("grouped_allreduce", name)
-    parts = [
-        allreduce_async_(t, average, None, op, prescale_factor, postscale_factor, process_set)
-        for t in tensors
-    ]
-    return _group("grouped_allreduce", name, parts)
+    """Start reducing every tensor of ``tensors`` in place.
+
+    The tensors of each dtype and device travel fused: one agreement and one reduction for
+    them; the members' dtypes and shapes must agree between the ranks as well.
+    """
+    members = list(tensors)
+    key = claim("grouped_allreduce", name)
+    # Every rank's whole group, in the first exchange: a group that differs between the
+    # ranks fails there on every rank, so no rank goes on to a second one alone.
+    layout = tuple((str(t.dtype), *t.shape) for t in members)
+    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in members:
+        buckets.setdefault((t.dtype, t.device), []).append(t)
+    fused: list[tuple[Handle, list[torch.Tensor]]] = []
+    for bucket in buckets.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in bucket])
+        handle = allreduce_async_(
+            flat, average, None, op, prescale_factor, postscale_factor, process_set, layout
+        )
+        if handle.refused:
+            return handle
+        fused.append((handle, bucket))
+
+    def unpack() -> list[torch.Tensor]:
+        for handle, bucket in fused:
+            reduced, offset = handle.wait(), 0
+            for t in bucket:
+                t.copy_(reduced[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+        return members
+
+    return Handle(_Parts([h for h, _ in fused]), unpack, key=key)
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> Any:

@@ -54,6 +54,11 @@ class Handle:
         """A handle whose wait raises ``error``."""
         return cls(None, lambda: None, error)
 
+    @property
+    def refused(self) -> bool:
+        """Whether the operation could not start (its wait raises)."""
+        return self._error is not None
+
     def poll(self) -> bool:
         """Whether the operation has completed."""
         return (

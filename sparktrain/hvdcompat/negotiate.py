@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zlib
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,8 +45,9 @@ _DEVICES = ("none", "cpu", "cuda")
 # Dimensions carried one by one; a tensor with more has the rest folded into the last slot.
 MAX_DIMS = 8
 _HEADER = 9  # kind, name, dtype, device, op, root, prescale, postscale, ndim
-_NUMEL = _HEADER + MAX_DIMS  # then the dimensions, then the number of elements
-SLOTS = _NUMEL + 1
+_NUMEL = _HEADER + MAX_DIMS  # then the dimensions, then the number of elements,
+_LAYOUT = _NUMEL + 1  # then a hash of the shapes of a group fused into one tensor
+SLOTS = _LAYOUT + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Request:
         root: the root rank, for broadcasts.
         prescale: the prescale factor, for reductions.
         postscale: the postscale factor, for reductions.
+        layout: the dtypes and shapes of a group's tensors, when ``tensor`` carries the group.
     """
 
     kind: str
@@ -69,6 +72,7 @@ class Request:
     root: int = -1
     prescale: float = 1.0
     postscale: float = 1.0
+    layout: tuple[tuple[Any, ...], ...] = ()
 
 
 _KINDS = (
@@ -117,6 +121,7 @@ def encode(request: Request) -> list[int]:
         len(shape),
         *_shape_slots(shape),
         tensor.numel() if tensor is not None else 0,
+        zlib.crc32(repr(request.layout).encode()) if request.layout else 0,
     ]
 
 
@@ -167,7 +172,7 @@ def _mismatch(rows: Rows, slot: int) -> tuple[int, int] | None:
 def _fail(rows: Rows, request: Request, what: str, slot: int, pair: tuple[int, int]) -> None:
     by_rank = dict(rows)
     a, b = pair
-    if slot == 1:  # only hashes travel: say who differs
+    if slot in (1, _LAYOUT):  # only hashes travel: say who differs
         detail = f"rank {a} and rank {b} differ"
     else:
         detail = f"rank {a} {_describe(by_rank[a], slot)}, rank {b} {_describe(by_rank[b], slot)}"
@@ -215,6 +220,7 @@ def check(rows: Rows, request: Request) -> None:
         (5, "different root ranks (root_rank=)"),
         (6, "different prescale factors (prescale_factor=)"),
         (7, "different postscale factors (postscale_factor=)"),
+        (_LAYOUT, "groups of tensors of different dtypes or shapes"),
     ]
     for slot, what in checks:
         pair = _mismatch(rows, slot)
