@@ -9,6 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparktrain.hvdcompat.autograd import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    reducescatter,
+)
 from sparktrain.hvdcompat.basics import (
     ccl_built,
     cross_rank,
@@ -39,25 +48,35 @@ from sparktrain.hvdcompat.collectives import (
     Min,
     Product,
     Sum,
-    allgather,
-    allgather_object,
-    allreduce,
+    allgather_async,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    barrier,
-    broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    broadcast_object,
-    join,
     poll,
     synchronize,
 )
 from sparktrain.hvdcompat.compression import Compression, Compressor
+from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.functions import broadcast_optimizer_state, broadcast_parameters
+from sparktrain.hvdcompat.grouped import (
+    grouped_allgather_async,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    sparse_allreduce_async,
+)
+from sparktrain.hvdcompat.handles import DuplicateNameError
+from sparktrain.hvdcompat.objects import allgather_object, barrier, broadcast_object, join
 from sparktrain.hvdcompat.optimizer import DistributedOptimizer
+from sparktrain.hvdcompat.scatter import (
+    alltoall_async,
+    reducescatter_async,
+)
 
 __all__ = [
     "Adasum",
@@ -65,17 +84,22 @@ __all__ = [
     "Compression",
     "Compressor",
     "DistributedOptimizer",
+    "DuplicateNameError",
     "Handle",
+    "HorovodInternalError",
     "Max",
     "Min",
     "Product",
     "Sum",
     "allgather",
+    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
+    "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -91,6 +115,14 @@ __all__ = [
     "ddl_built",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_homogeneous",
     "is_initialized",
@@ -103,29 +135,18 @@ __all__ = [
     "nccl_built",
     "poll",
     "rank",
+    "reducescatter",
+    "reducescatter_async",
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "synchronize",
 ]
 
 # Names of horovod.torch that this implementation does not provide.
 NOT_PROVIDED = frozenset(
     {
-        "allgather_async",
-        "alltoall",
-        "alltoall_async",
-        "reducescatter",
-        "reducescatter_async",
-        "grouped_allreduce",
-        "grouped_allreduce_",
-        "grouped_allreduce_async",
-        "grouped_allreduce_async_",
-        "grouped_allgather",
-        "grouped_allgather_async",
-        "grouped_reducescatter",
-        "grouped_reducescatter_async",
-        "sparse_allreduce_async",
         "ProcessSet",
         "add_process_set",
         "remove_process_set",

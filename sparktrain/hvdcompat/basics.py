@@ -10,6 +10,7 @@ tensors and, where the rank has a GPU, NCCL carries CUDA tensors.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from sparktrain import contract
+from sparktrain.hvdcompat.handles import forget_all
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
@@ -36,6 +38,20 @@ class _State:
 
 
 _state = _State()
+
+
+@dataclasses.dataclass
+class _Rendezvous:
+    """The store the ranks meet through, made by the first init() and kept for the process's
+    life: a later init() (after shutdown()) meets through it again under a new prefix, rather
+    than binding the port anew while the old listener may still hold it."""
+
+    store: Any = None
+    where: tuple[str, int, int, int] = ("", 0, 0, 0)  # address, port, rank, size
+    inits: int = 0
+
+
+_rendezvous = _Rendezvous()
 
 
 def _env_int(names: tuple[str, ...], default: int | None = None) -> int:
@@ -86,7 +102,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     owns = not dist.is_initialized()
     if owns:
         backend = "cpu:gloo,cuda:nccl" if _uses_cuda() else "gloo"
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
+        dist.init_process_group(backend, store=_store(rank, size), rank=rank, world_size=size)
+        # Every rank's connections are complete before any returns, so that a shutdown()
+        # right after init() cannot close a connection a peer is still making.
+        dist.barrier()
     elif (dist.get_rank(), dist.get_world_size()) != (rank, size):
         raise ValueError(
             f"torch.distributed is already initialized as rank {dist.get_rank()} of "
@@ -99,8 +118,33 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _state.backend = str(dist.get_backend())
 
 
+def _store(rank: int, size: int) -> Any:
+    """This init()'s view of the rendezvous store at ``MASTER_ADDR:MASTER_PORT``."""
+    where = (
+        os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        _env_int(("MASTER_PORT",)),
+        rank,
+        size,
+    )
+    if _rendezvous.store is None or _rendezvous.where != where:
+        _rendezvous.store = dist.TCPStore(
+            where[0],
+            where[1],
+            size,
+            is_master=rank == 0,
+            timeout=datetime.timedelta(minutes=30),  # torch's default for env://
+            wait_for_workers=False,
+        )
+        _rendezvous.where = where
+        _rendezvous.inits = 0
+    _rendezvous.inits += 1
+    # Every rank calls init() and shutdown() in the same order, so the counts agree.
+    return dist.PrefixStore(f"hvd-init-{_rendezvous.inits}/", _rendezvous.store)
+
+
 def shutdown() -> None:
     """Leave the process group (``horovod.torch.shutdown``); init() may be called again."""
+    forget_all()
     if _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _state.rank, _state.size, _state.owns_group, _state.backend = -1, 0, False, ""

@@ -1,23 +1,26 @@
-"""Horovod's collectives (allreduce, allgather, broadcast, their objects and async forms) on
+"""Horovod's collectives (allreduce, allgather, broadcast, and their async forms) on
 torch.distributed.
 
-Results follow Horovod's arithmetic: ``op=Average`` sums the (prescaled) tensors and
-multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.
+Every collective first agrees with the other ranks on what it is about to run (see
+:mod:`sparktrain.hvdcompat.negotiate`), so inputs that do not fit together raise
+:class:`HorovodInternalError` on every rank before any data moves. Results follow Horovod's
+arithmetic (see :mod:`sparktrain.hvdcompat.wire`): ``op=Average`` sums the (prescaled)
+tensors and multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.
 """
 
 from __future__ import annotations
 
-import io
-import time
-from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked, comm_device
 from sparktrain.hvdcompat.compression import Compression, Compressor
+from sparktrain.hvdcompat.exceptions import HorovodInternalError
+from sparktrain.hvdcompat.handles import Handle, claim
+from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
 # Horovod's reduction ops (the values of horovod.torch.mpi_ops.Average etc.).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -53,35 +56,8 @@ def resolve_op(op: int | None, average: bool | None = None) -> int:
 
 
 def _finish_reduce(buffer: torch.Tensor, op: int, postscale_factor: float) -> None:
-    """The scaling Horovod applies after the reduction, in place."""
-    factor = postscale_factor / _checked().size if op == Average else postscale_factor
-    if factor == 1.0:
-        return
-    if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
-        buffer.mul_(factor)
-    else:
-        buffer.copy_(torch.floor(buffer.double() * factor).to(buffer.dtype))
-
-
-class Handle:
-    """An operation in flight (what Horovod's ``*_async`` functions return)."""
-
-    def __init__(self, work: Any, finish: Callable[[], torch.Tensor]) -> None:
-        self._work = work
-        self._finish = finish
-        self._result: torch.Tensor | None = None
-
-    def poll(self) -> bool:
-        """Whether the operation has completed."""
-        return self._result is not None or self._work is None or bool(self._work.is_completed())
-
-    def wait(self) -> torch.Tensor:
-        """Wait for the operation and return its output."""
-        if self._result is None:
-            if self._work is not None:
-                self._work.wait()
-            self._result = self._finish()
-        return self._result
+    """The scaling Horovod applies after the reduction, in place (Average divides by size)."""
+    scale(buffer, postscale_factor / _checked().size if op == Average else postscale_factor)
 
 
 def allreduce_async_(
@@ -92,20 +68,35 @@ def allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: Any = None,
+    layout: tuple[tuple[Any, ...], ...] = (),
 ) -> Handle:
-    """Start reducing ``tensor`` over all processes, in place; see :func:`allreduce`."""
+    """Start reducing ``tensor`` over all processes, in place; see :func:`allreduce`.
+
+    ``layout`` is for a group fused into ``tensor``: its members' dtypes and shapes, which
+    must agree between the ranks too.
+    """
     _no_process_set(process_set, "allreduce")
     op = resolve_op(op, average)
     _checked()
-    if prescale_factor != 1.0:
-        tensor.mul_(prescale_factor)
-    work = dist.all_reduce(tensor, op=_TORCH_OPS[op], async_op=True)
+    key = claim("allreduce", name)
+    request = Request("allreduce", name, tensor, op, -1, prescale_factor, postscale_factor, layout)
+    try:
+        agree(request, comm_device(tensor))
+        after = postscale_factor / _checked().size if op == Average else postscale_factor
+        check_scalable(tensor.dtype, prescale_factor, after)
+    except HorovodInternalError as exc:
+        return Handle.failed(exc)
+    scale(tensor, prescale_factor)
+    buffer = for_reduction(tensor)
+    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], async_op=True)
 
     def finish() -> torch.Tensor:
+        if buffer is not tensor:
+            tensor.copy_(buffer)
         _finish_reduce(tensor, op, postscale_factor)
         return tensor
 
-    return Handle(work, finish)
+    return Handle(work, finish, key=key)
 
 
 def allreduce_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -179,8 +170,13 @@ def broadcast_async_(
     """Start overwriting ``tensor`` with root's, in place."""
     _no_process_set(process_set, "broadcast")
     _check_root(root_rank)
-    work = dist.broadcast(tensor, src=root_rank, async_op=True)
-    return Handle(work, lambda: tensor)
+    key = claim("broadcast", name)
+    try:
+        agree(Request("broadcast", name, tensor, root=root_rank), comm_device(tensor))
+    except HorovodInternalError as exc:
+        return Handle.failed(exc)
+    work = dist.broadcast(for_moving(tensor), src=root_rank, async_op=True)
+    return Handle(work, lambda: tensor, key=key)
 
 
 def broadcast_(
@@ -204,87 +200,46 @@ def broadcast(
     return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Any:
-    """Every process's ``tensor`` concatenated along the first dimension, in rank order.
-
-    The first dimension may differ between processes; the others must agree.
-    """
+def allgather_async(
+    tensor: torch.Tensor, name: str | None = None, process_set: Any = None
+) -> Handle:
+    """Start gathering every process's ``tensor``; ``synchronize(handle)`` returns
+    :func:`allgather`'s result."""
     _no_process_set(process_set, "allgather")
     n = _checked().size
     local = tensor.detach().contiguous()
     if local.dim() == 0:
         local = local.reshape(1)
-    lengths = torch.tensor([local.shape[0]], dtype=torch.int64, device=local.device)
-    all_lengths = [torch.zeros_like(lengths) for _ in range(n)]
-    dist.all_gather(all_lengths, lengths)
-    sizes = [int(t.item()) for t in all_lengths]
+    key = claim("allgather", name)
+    try:
+        sizes = agree(Request("allgather", name, local), comm_device(local)).first_dims
+    except HorovodInternalError as exc:
+        return Handle.failed(exc)
     longest = max(sizes)
     padded = local
     if local.shape[0] < longest:
         pad = local.new_zeros((longest - local.shape[0], *local.shape[1:]))
         padded = torch.cat([local, pad])
-    parts = [torch.empty_like(padded) for _ in range(n)]
-    dist.all_gather(parts, padded)
-    return torch.cat([part[:length] for part, length in zip(parts, sizes, strict=True)])
+    moved = for_moving(padded)
+    parts = [torch.empty_like(moved) for _ in range(n)]
+    work = dist.all_gather(parts, moved, async_op=True)
+
+    def finish() -> torch.Tensor:
+        kept = [
+            restore(part, local.dtype)[:length] for part, length in zip(parts, sizes, strict=True)
+        ]
+        return torch.cat(kept)
+
+    return Handle(work, finish, key=key)
 
 
-def _to_bytes(obj: Any) -> torch.Tensor:
-    data = io.BytesIO()
-    cloudpickle.dump(obj, data)
-    return torch.frombuffer(bytearray(data.getvalue()), dtype=torch.uint8)
+def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Any:
+    """Every process's ``tensor`` concatenated along the first dimension, in rank order.
 
-
-def _from_bytes(tensor: torch.Tensor) -> Any:
-    return cloudpickle.loads(tensor.cpu().numpy().tobytes())
-
-
-def broadcast_object(
-    obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None
-) -> Any:
-    """``root_rank``'s ``obj`` (anything cloudpickle can pickle), on every process."""
-    _no_process_set(process_set, "broadcast_object")
-    _check_root(root_rank)
-    device = comm_device()
-    is_root = _checked().rank == root_rank
-    payload = _to_bytes(obj).to(device) if is_root else None
-    length = torch.tensor([payload.numel() if payload is not None else 0], device=device)
-    dist.broadcast(length, src=root_rank)
-    if payload is None:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(payload, src=root_rank)
-    return obj if is_root else _from_bytes(payload)
-
-
-def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
-    """Every process's ``obj``, as a list in rank order."""
-    _no_process_set(process_set, "allgather_object")
-    _checked()
-    payload = _to_bytes(obj).to(comm_device())
-    gathered = allgather(payload)
-    lengths = allgather(torch.tensor([payload.numel()], device=payload.device)).tolist()
-    out, start = [], 0
-    for length in lengths:
-        out.append(_from_bytes(gathered[start : start + length]))
-        start += length
-    return out
-
-
-def barrier(process_set: Any = None) -> None:
-    """Wait until every process has reached this call."""
-    _no_process_set(process_set, "barrier")
-    _checked()
-    dist.barrier()
-
-
-def join(device: int = -1) -> int:
-    """Wait until every process has called join(); returns the rank that joined last.
-
-    Unlike Horovod, processes that have joined do not stand in for later collectives of the
-    others: every process must call join() at the same point (typically after training).
+    The first dimension may differ between processes; the others, and the dtype, must agree
+    (else :class:`HorovodInternalError` on every rank).
     """
-    _checked()
-    arrived = allgather(torch.tensor([time.time()], dtype=torch.float64, device=comm_device()))
-    return int(torch.argmax(arrived).item())
+    return allgather_async(tensor, name, process_set).wait()
 
 
 def _check_root(root_rank: int) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked
-from sparktrain.hvdcompat.collectives import _check_root, broadcast_object
+from sparktrain.hvdcompat.collectives import _check_root, broadcast_
+from sparktrain.hvdcompat.objects import broadcast_object
 from sparktrain.hvdcompat.optimizer import _GradientSync
 
 
@@ -32,7 +32,7 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
             groups.setdefault((t.device, t.dtype), []).append(t)
         for members in groups.values():
             flat = torch.cat([t.detach().reshape(-1) for t in members])
-            dist.broadcast(flat, src=root_rank)
+            broadcast_(flat, root_rank)
             offset = 0
             for t in members:
                 t.copy_(flat[offset : offset + t.numel()].view_as(t))

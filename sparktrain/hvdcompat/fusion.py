@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from sparktrain.hvdcompat.collectives import _TORCH_OPS, _finish_reduce
 from sparktrain.hvdcompat.compression import Compressor
+from sparktrain.hvdcompat.grouped import sparse_allreduce_async
 
 # Largest bucket, in bytes of the uncompressed gradients. Torch DDP's default: large enough
 # that per-collective costs stay small, small enough that early buckets overlap backward.
@@ -51,9 +52,11 @@ class _Flight:
     """One bucket's reduction in progress."""
 
     work: Any
-    flat: torch.Tensor
+    flat: torch.Tensor | None
     # (parameter, what was sent, compression context, whether its gradient was sparse)
     items: list[tuple[torch.Tensor, torch.Tensor, Any, bool]]
+    # (parameter, what gives its reduced sparse gradient), for sparse gradients kept sparse
+    sparse: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]]
 
 
 class GradientReducer:
@@ -65,7 +68,8 @@ class GradientReducer:
         op: ``Average`` or ``Sum`` (see :mod:`sparktrain.hvdcompat.collectives`).
         prescale: multiplies the packed gradients before the reduction.
         postscale: multiplies the result (and 1/size for Average).
-        sparse_as_dense: reduce sparse gradients as dense ones (else refuse them).
+        sparse_as_dense: reduce sparse gradients as dense ones (else gather every rank's
+            indices and values, as Horovod does).
         passes: backward passes per step; a bucket starts after its last one.
     """
 
@@ -127,25 +131,28 @@ class GradientReducer:
 
     def _launch(self, index: int) -> None:
         items = []
-        for p in self.buckets[index]:
+        kept_sparse = []
+        for position, p in enumerate(self.buckets[index]):
             grad = p.grad
             if grad is None:
                 grad = p.grad = torch.zeros_like(p)
             sparse = grad.is_sparse
+            if sparse and not self.sparse_as_dense:
+                # As Horovod: every rank's indices and values, gathered.
+                name = f"DistributedOptimizer.sparse.{index}.{position}"
+                kept_sparse.append((p, sparse_allreduce_async(grad, name, self.op)))
+                continue
             if sparse:
-                if not self.sparse_as_dense:
-                    raise NotImplementedError(
-                        "sparse gradients are not supported by sparktrain's built-in "
-                        "horovod.torch; pass sparse_as_dense=True to hvd.DistributedOptimizer"
-                    )
                 grad = grad.to_dense()
             sent, ctx = self.compression.compress(grad)
             items.append((p, sent, ctx, sparse))
-        flat = torch.cat([sent.reshape(-1) for _, sent, _, _ in items])
-        if self.prescale != 1.0:
-            flat.mul_(self.prescale)
-        work = dist.all_reduce(flat, op=_TORCH_OPS[self.op], async_op=True)
-        self._flights[index] = _Flight(work, flat, items)
+        flat, work = None, None
+        if items:
+            flat = torch.cat([sent.reshape(-1) for _, sent, _, _ in items])
+            if self.prescale != 1.0:
+                flat.mul_(self.prescale)
+            work = dist.all_reduce(flat, op=_TORCH_OPS[self.op], async_op=True)
+        self._flights[index] = _Flight(work, flat, items, kept_sparse)
 
     def reduce(self) -> None:
         """Finish every bucket's reduction and write the results into ``p.grad``."""
@@ -159,6 +166,10 @@ class GradientReducer:
             self._count.clear()
         for flight in flights:
             if flight is None:
+                continue
+            for p, waiter in flight.sparse:
+                p.grad = waiter()
+            if flight.work is None or flight.flat is None:
                 continue
             flight.work.wait()
             _finish_reduce(flight.flat, self.op, self.postscale)

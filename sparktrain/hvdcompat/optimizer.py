@@ -23,6 +23,7 @@ class _GradientSync:
     """Mixed into the user's optimizer class: reduce gradients across processes, then step."""
 
     param_groups: list[dict[str, Any]]
+    _parameter_names: dict[torch.Tensor, str]
 
     def _setup_sync(
         self,
@@ -179,8 +180,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         raise ValueError("backward_passes_per_step must be > 0")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor applies only with op=hvd.Average")
+    named = None
     if named_parameters is not None:
-        _check_names(optimizer, named_parameters)
+        named = list(named_parameters)
+        _check_names(optimizer, named)
     base: Any = type(optimizer)
     cls: Any = type(base.__name__, (_GradientSync, base), {"__module__": base.__module__})
     wrapped = cls.__new__(cls)
@@ -189,5 +192,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     wrapped._setup_sync(
         compression, op, gradient_predivide_factor, sparse_as_dense, backward_passes_per_step
     )
+    if named is None:  # Horovod's names for unnamed parameters
+        named = [
+            (f"allreduce.noname.{i}.{j}", p)
+            for i, group in enumerate(wrapped.param_groups)
+            for j, p in enumerate(group["params"])
+        ]
+    # Each parameter's name, as Horovod's optimizer has it (some code reads it).
+    wrapped._parameter_names = {p: name for name, p in named}
     result: torch.optim.Optimizer = wrapped
     return result

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparktrain import contract
-from sparktrain.hvdcompat import SHIM_DIR, api, basics, fusion
+from sparktrain.hvdcompat import SHIM_DIR, api, basics, fusion, wire
 
 
 def test_fp16_compression_round_trip() -> None:
@@ -74,8 +74,8 @@ def test_adasum_is_refused_naming_the_alternatives() -> None:
 
 
 def test_missing_parts_raise_not_implemented_naming_themselves() -> None:
-    with pytest.raises(NotImplementedError, match="hvd.alltoall is not supported"):
-        api.alltoall  # noqa: B018 - the attribute access is what raises
+    with pytest.raises(NotImplementedError, match="hvd.SyncBatchNorm is not supported"):
+        api.SyncBatchNorm  # noqa: B018 - the attribute access is what raises
     with pytest.raises(NotImplementedError, match="hvd.ProcessSet is not supported"):
         api.ProcessSet  # noqa: B018
     with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
@@ -133,3 +133,56 @@ def test_worker_puts_the_shim_first_only_when_the_backend_says(
     bootstrap._shadow_horovod()
     assert sys.path == [str(SHIM_DIR), "/somewhere"]
     assert os.environ["PYTHONPATH"] == f"{SHIM_DIR}{os.pathsep}/user/lib"
+
+
+def test_optimizer_parameter_names_as_horovod_names_them() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+    unnamed = api.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    params = list(model.parameters())
+    assert unnamed._parameter_names == {
+        params[0]: "allreduce.noname.0.0",
+        params[1]: "allreduce.noname.0.1",
+        params[2]: "allreduce.noname.1.0",
+        params[3]: "allreduce.noname.1.1",
+    }
+    named = api.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    assert named._parameter_names == {
+        params[0]: "0.weight",
+        params[1]: "0.bias",
+        params[2]: "1.weight",
+        params[3]: "1.bias",
+    }
+
+
+def test_scaling_truncates_integers_toward_zero_as_horovod() -> None:
+    ints = torch.tensor([-73, 73, -1, 5], dtype=torch.int32)
+    wire.scale(ints, 0.5)
+    assert ints.tolist() == [-36, 36, 0, 2]  # floor would give -37 and -1
+    shorts = torch.tensor([-7, 7], dtype=torch.int16)
+    wire.scale(shorts, 1 / 3)
+    assert shorts.dtype == torch.int16 and shorts.tolist() == [-2, 2]
+    halves = torch.tensor([1.0, 3.0], dtype=torch.float16)
+    wire.scale(halves, 0.1)
+    # float32 products rounded to float16, as Horovod's CPU scaling of float16 does
+    assert halves.tolist() == [0.0999755859375, 0.300048828125]
+    same = torch.tensor([5])
+    wire.scale(same, 1.0)
+    assert same.tolist() == [5]
+    wire.check_scalable(torch.bool, 1.0, 1.0)  # a plain sum of bools is fine
+    with pytest.raises(api.HorovodInternalError, match="bool tensors cannot be averaged"):
+        wire.check_scalable(torch.bool, 1.0, 0.5)
+
+
+def test_dtypes_gloo_lacks_travel_widened_or_as_float16_bits() -> None:
+    shorts = torch.tensor([-300, 2], dtype=torch.int16)
+    widened = wire.for_reduction(shorts)
+    assert widened.dtype == torch.int32 and widened.tolist() == [-300, 2]
+    floats = torch.ones(2)
+    assert wire.for_reduction(floats) is floats and wire.for_moving(floats) is floats
+    moved = wire.for_moving(shorts)
+    assert moved.dtype == torch.float16 and moved.data_ptr() == shorts.data_ptr()
+    assert wire.restore(moved, torch.int16).tolist() == [-300, 2]
+    assert wire.for_reduction(torch.tensor([True])).dtype == torch.int32

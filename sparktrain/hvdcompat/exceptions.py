@@ -1,0 +1,14 @@
+"""``hvd.HorovodInternalError``: what a collective raises when the ranks disagree about it."""
+
+from __future__ import annotations
+
+from sparktrain.errors import SparkTrainError
+
+
+class HorovodInternalError(SparkTrainError, RuntimeError):
+    """A collective could not run: the ranks passed it inputs that do not fit together.
+
+    Raised on every rank that took part, before any data moved, as Horovod's
+    ``HorovodInternalError`` is (a ``RuntimeError``); the process group stays usable, so the
+    ranks can go on with further collectives.
+    """

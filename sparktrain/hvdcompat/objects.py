@@ -1,0 +1,108 @@
+"""Horovod's object collectives (``broadcast_object``, ``allgather_object``), ``barrier`` and
+``join``."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from sparktrain.hvdcompat.basics import _checked, comm_device
+from sparktrain.hvdcompat.collectives import (
+    _TORCH_OPS,
+    _check_root,
+    _no_process_set,
+    allgather,
+    broadcast_,
+)
+from sparktrain.hvdcompat.negotiate import (
+    Request,
+    agree,
+    exchange,
+    joined,
+    joined_rounds,
+    stand_in,
+)
+from sparktrain.hvdcompat.wire import for_reduction
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    data = io.BytesIO()
+    cloudpickle.dump(obj, data)
+    return torch.frombuffer(bytearray(data.getvalue()), dtype=torch.uint8)
+
+
+def _from_bytes(tensor: torch.Tensor) -> Any:
+    return cloudpickle.loads(tensor.cpu().numpy().tobytes())
+
+
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None
+) -> Any:
+    """``root_rank``'s ``obj`` (anything cloudpickle can pickle), on every process."""
+    _no_process_set(process_set, "broadcast_object")
+    _check_root(root_rank)
+    device = comm_device()
+    is_root = _checked().rank == root_rank
+    payload = _to_bytes(obj).to(device) if is_root else None
+    length = torch.tensor([payload.numel() if payload is not None else 0], device=device)
+    broadcast_(length, root_rank, name=name)
+    if payload is None:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    broadcast_(payload, root_rank, name=name)
+    return obj if is_root else _from_bytes(payload)
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
+    """Every process's ``obj``, as a list in rank order."""
+    _no_process_set(process_set, "allgather_object")
+    _checked()
+    payload = _to_bytes(obj).to(comm_device())
+    lengths = allgather(torch.tensor([payload.numel()], device=payload.device), name=name)
+    gathered = allgather(payload, name=name)
+    out, start = [], 0
+    for length in lengths.tolist():
+        out.append(_from_bytes(gathered[start : start + length]))
+        start += length
+    return out
+
+
+def barrier(process_set: Any = None) -> None:
+    """Wait until every process has reached this call.
+
+    Raises:
+        HorovodInternalError: on every rank, when another rank is in a different collective.
+    """
+    _no_process_set(process_set, "barrier")
+    _checked()
+    agree(Request("barrier"), comm_device())
+
+
+def join(device: int = -1) -> int:
+    """Stand in for this rank in the others' allreduces until every rank has joined; returns
+    the rank that joined last (the same on every rank).
+
+    As in Horovod, a joined rank contributes zeros to every allreduce the others run (an
+    Average still divides by ``size()``); any other collective run while a rank has joined
+    raises :class:`HorovodInternalError` on the ranks that called it.
+
+    Args:
+        device: the GPU to stand in on, or -1 for the collectives' default device.
+    """
+    _checked()
+    where = torch.device("cuda", device) if device >= 0 else comm_device()
+    rounds = 0
+    while True:
+        rows = exchange(Request("join", root=rounds), where)
+        if len(joined(rows)) == len(rows):
+            spent = joined_rounds(rows)
+            fewest = min(spent)
+            return max(rank for rank, count in enumerate(spent) if count == fewest)
+        rounds += 1
+        zeros = stand_in(rows)
+        if zeros is not None:
+            buffer = for_reduction(torch.zeros(zeros.numel, dtype=zeros.dtype, device=where))
+            dist.all_reduce(buffer, op=_TORCH_OPS[zeros.op])

@@ -1,0 +1,174 @@
+"""Horovod's ``alltoall`` and ``reducescatter`` (and their async forms) on torch.distributed.
+
+Both agree on their inputs first, as every collective here does (see
+:mod:`sparktrain.hvdcompat.negotiate`). ``reducescatter`` reduces the whole tensor and keeps
+this rank's rows, so every value is the one Horovod computes (the same scaling arithmetic);
+rows are dealt as Horovod deals them: ``dim0 // size`` each, one more for the first
+``dim0 % size`` ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sparktrain.hvdcompat.basics import _checked, comm_device
+from sparktrain.hvdcompat.collectives import (
+    _TORCH_OPS,
+    Average,
+    Sum,
+    _finish_reduce,
+    _no_process_set,
+    resolve_op,
+)
+from sparktrain.hvdcompat.compression import Compression, Compressor
+from sparktrain.hvdcompat.exceptions import HorovodInternalError
+from sparktrain.hvdcompat.handles import Handle, claim
+from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
+
+
+def _splits_problem(tensor: torch.Tensor, splits: Any, n: int) -> tuple[list[int], str | None]:
+    """Rows to send to each rank, and what is wrong with ``splits`` (None: nothing)."""
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if tensor.dim() == 0:
+        return [], "hvd.alltoall needs a tensor with at least one dimension"
+    if splits is None:
+        if rows % n:
+            return [], (
+                f"hvd.alltoall without splits deals the first dimension equally, but {rows} "
+                f"rows do not divide among {n} ranks: pass splits="
+            )
+        return [rows // n] * n, None
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            return [], f"hvd.alltoall's splits must be integers, not {splits.dtype}"
+        values = [int(v) for v in splits.reshape(-1).tolist()]
+    else:
+        values = [int(v) for v in splits]
+    if len(values) != n or any(v < 0 for v in values) or sum(values) != rows:
+        return [], (
+            f"hvd.alltoall's splits {values} must give one count >= 0 per rank ({n}) adding up "
+            f"to the first dimension ({rows})"
+        )
+    return values, None
+
+
+def alltoall_async(
+    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None
+) -> Handle:
+    """Start sending ``splits[i]`` rows of ``tensor`` to rank ``i``; ``synchronize(handle)``
+    returns ``(received rows in rank order, rows received from each rank)``."""
+    _no_process_set(process_set, "alltoall")
+    n = _checked().size
+    local = tensor.detach().contiguous()
+    sent, problem = _splits_problem(local, splits, n)
+    key = claim("alltoall", name)
+    # A rank whose splits are wrong still takes part in the agreement, so that every rank
+    # raises rather than waits.
+    request = Request("alltoall", name, local, op=1 if problem else 0)
+    try:
+        agree(request, comm_device(local))
+    except HorovodInternalError as exc:
+        # The rank that refused its splits says why; the others say which rank refused.
+        return Handle.failed(HorovodInternalError(problem) if problem else exc)
+    if problem:
+        return Handle.failed(HorovodInternalError(problem))
+    counts = torch.tensor(sent, dtype=torch.int64, device=comm_device(local))
+    matrix = [torch.empty_like(counts) for _ in range(n)]
+    dist.all_gather(matrix, counts)
+    received = [int(row[_checked().rank]) for row in matrix]
+    moved = for_moving(local)
+    output = moved.new_empty((sum(received), *local.shape[1:]))
+    work = dist.all_to_all_single(output, moved, received, sent, async_op=True)
+    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        return restore(output, local.dtype), torch.tensor(received, dtype=split_dtype)
+
+    return Handle(work, finish, key=key)
+
+
+def alltoall(
+    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None
+) -> Any:
+    """Scatter rows of ``tensor`` to every rank and gather theirs (``hvd.alltoall``).
+
+    Returns:
+        The received rows, in rank order; with ``splits``, also the rows received from each
+        rank, as Horovod returns them.
+
+    Raises:
+        HorovodInternalError: on every rank, for mismatched inputs or splits that do not fit.
+    """
+    output, received = alltoall_async(tensor, splits, name, process_set).wait()
+    return output if splits is None else (output, received)
+
+
+def _rows_of(dim0: int, rank: int, n: int) -> tuple[int, int]:
+    """The first row and row count of ``rank``'s share of ``dim0`` rows, as Horovod deals."""
+    base, extra = divmod(dim0, n)
+    start = rank * base + min(rank, extra)
+    return start, base + (1 if rank < extra else 0)
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: int = Average,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start reducing ``tensor`` over every rank, keeping this rank's rows of the result."""
+    _no_process_set(process_set, "reducescatter")
+    op = resolve_op(op)
+    state = _checked()
+    key = claim("reducescatter", name)
+    local = tensor.detach()
+    request = Request("reducescatter", name, local, op, -1, prescale_factor, postscale_factor)
+    try:
+        agree(request, comm_device(local))
+        if local.dim() == 0:
+            raise HorovodInternalError("hvd.reducescatter needs a tensor with a first dimension")
+        if op not in (Average, Sum):
+            raise HorovodInternalError("hvd.reducescatter supports op=hvd.Average or hvd.Sum")
+        after = postscale_factor / state.size if op == Average else postscale_factor
+        check_scalable(local.dtype, prescale_factor, after)
+    except HorovodInternalError as exc:
+        return Handle.failed(exc)
+    whole = local.clone()
+    scale(whole, prescale_factor)
+    buffer = for_reduction(whole)
+    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], async_op=True)
+    start, count = _rows_of(local.shape[0], state.rank, state.size)
+
+    def finish() -> torch.Tensor:
+        mine = buffer[start : start + count].to(local.dtype).clone()
+        _finish_reduce(mine, op, postscale_factor)
+        return mine
+
+    return Handle(work, finish, key=key)
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """This rank's rows of the reduction of ``tensor`` over every rank (``hvd.reducescatter``).
+
+    Raises:
+        HorovodInternalError: on every rank, for mismatched inputs or a 0-dimensional tensor.
+    """
+    compressed, ctx = compression.compress(tensor)
+    out = reducescatter_async(
+        compressed, name, op, process_set, prescale_factor, postscale_factor
+    ).wait()
+    return compression.decompress(out, ctx)
