@@ -29,7 +29,9 @@ def _leave_rendezvous_id(rdzv_id: str, batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _forked(runner: SparkRunner) -> bool:
-    return bool(runner.last_run.attempts[-1].breakdown.get("forked"))
+    record = runner.last_run
+    assert record is not None
+    return bool(record.attempts[-1].breakdown.get("forked"))
 
 
 def test_later_connect_runs_fork_after_another_jobs_leftovers(connect):
