@@ -3,7 +3,8 @@
 A Connect client has no SparkContext: no RDDs, job groups, broadcasts or status tracker. So
 the stage is a DataFrame of ``np`` partitions mapped by a barrier ``mapInArrow`` whose rows are
 the tasks' pickled records; the job carries a tag of its own, and cancelling interrupts that
-tag. The payload travels inside the plan (Connect has no broadcast).
+tag. The payload travels inside the plan (Connect has no broadcast), one gRPC message: a
+payload that cannot fit in it is refused before the stage starts (:func:`check_payload`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from sparktrain.driver.stage import FailedTask, describe_spark_error, failed_task
-from sparktrain.errors import WorkerFailure
+from sparktrain.errors import PayloadError, WorkerFailure
 from sparktrain.task.connect import RECORD_COLUMN, RECORD_SCHEMA, failure_in, run_connect_task
 from sparktrain.task.job import TaskJob
 
 Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
+
+# The largest message a Connect client sends when its channel does not say (pyspark's default,
+# and the server's spark.connect.grpc.maxInboundMessageSize default).
+GRPC_MESSAGE_LIMIT = 128 << 20
+# Room kept in the plan's message for all but the payload (the stage, the job's settings).
+PLAN_ROOM = 1 << 20
 
 
 def is_connect(session: Any) -> bool:
@@ -77,6 +84,43 @@ def client_address(session: Any) -> str:
         return "127.0.0.1"
 
 
+def message_limit(session: Any) -> int:
+    """The largest gRPC message ``session``'s client sends (its channel's own setting)."""
+    try:
+        options = list(session.client._builder._channel_options)  # internal API
+    except Exception:  # noqa: BLE001 - another client: the default
+        return GRPC_MESSAGE_LIMIT
+    for name, value in options:
+        if name == "grpc.max_send_message_length":
+            try:
+                return int(value) if int(value) > 0 else GRPC_MESSAGE_LIMIT
+            except (TypeError, ValueError):
+                break
+    return GRPC_MESSAGE_LIMIT
+
+
+def check_payload(session: Any, job: TaskJob) -> None:
+    """Refuse a run whose pickled function and arguments cannot travel in one plan.
+
+    Raises:
+        PayloadError: the payload and the room the plan needs beside it exceed the client's
+            gRPC message limit; the message gives both sizes and the ways out.
+    """
+    size = len(job.payload) + len(job.hook or b"")
+    limit = message_limit(session)
+    if size + PLAN_ROOM <= limit:
+        return
+    raise PayloadError(
+        f"the pickled function and arguments take {size / (1 << 20):.1f} MiB, and a run from a "
+        f"Spark Connect session sends them in one gRPC message of at most "
+        f"{limit / (1 << 20):.1f} MiB ({PLAN_ROOM >> 20} MiB of it kept for the rest of the "
+        "plan): pass large data as a path both sides read (or a Spark DataFrame converter) "
+        "and load it in the function, instead of capturing it; or raise the message limit on "
+        "both sides (the client's channel option grpc.max_send_message_length and the "
+        "server's spark.connect.grpc.maxInboundMessageSize)"
+    )
+
+
 class ConnectLaunch:
     """Runs the barrier stage from a driver thread; :meth:`cancel` interrupts its job tag.
 
@@ -84,9 +128,13 @@ class ConnectLaunch:
         spark: the Connect SparkSession.
         job: what every task gets; an empty ``channel`` runs the tasks detached.
         description: a label for the job's tag.
+
+    Raises:
+        PayloadError: the payload cannot travel in one plan (:func:`check_payload`).
     """
 
     def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
+        check_payload(spark, job)
         self.spark = spark
         self.job = job
         self.n = job.tasks

@@ -5,7 +5,8 @@ whether they can open a connection to this machine. Versions that differ where p
 are refused here, with what to change, rather than as an unpickling error in a task. The slot
 check reads the static conf only: a Connect client cannot see executors, their free slots or
 other jobs' tasks (Spark's own barrier check then waits for slots, as it does on a classic
-session when executors are still coming up).
+session when executors are still coming up), so it says so, once per session, before the
+first stage can wait.
 """
 
 from __future__ import annotations
@@ -108,6 +109,27 @@ def check_slots(session: Any, np: int, ranks_per_task: int = 1) -> None:
             f"{slots} (spark.master={conf['spark.master']}, spark.task.cpus="
             f"{conf['spark.task.cpus'] or 1}): lower np, or give the cluster more executor cores"
         )
+    _log.warning("%s", unseen_slots_note(tasks, slots))
+
+
+def unseen_slots_note(tasks: int, slots: int | None) -> str:
+    """What a Connect client says before its first barrier stage: free slots are not seen.
+
+    Args:
+        tasks: the task slots the run needs at once.
+        slots: the slots the session's static conf promises, or None when it cannot say.
+    """
+    known = (
+        f"the session's conf gives {slots} in all"
+        if slots is not None
+        else "the session's conf does not say how many the cluster has"
+    )
+    return (
+        f"the run needs {tasks} task slots at once; {known}, and a Spark Connect client cannot "
+        "see how many are free: while other jobs hold them, Spark's barrier stage waits for "
+        f"them without a message (a run whose executors reach this client fails after "
+        f"{conf_key('start_timeout')}; a detached one waits until {conf_key('timeout')})"
+    )
 
 
 def mismatches(client: dict[str, str], executor: dict[str, str]) -> list[str]:

@@ -8,6 +8,14 @@ importing torch. A rank whose environment
 differs on any other variable (another ``OMP_NUM_THREADS``, a new ``PYTHONPATH``) gets a
 zygote of its own.
 
+A task's Python worker is reused by the other Spark jobs of the session, and some leave
+per-call variables in its environment, which the ranks inherit: TorchDistributor's tasks set
+a new rendezvous id (and, with a DataFrame, its input files) on every call. From a Spark
+Connect session both runners' stages are ``mapInArrow`` jobs sharing the same workers, so
+each such call would change the key and start the next run cold. Those variables are read
+only by their own job's code once it runs, never while Python, torch and sparktrain load, so
+the key leaves them out (:data:`RUNTIME_ONLY`) and a forked rank gets them as they are.
+
 A zygote lives as long as the process that started it (an executor's Python worker, or the
 driver for ``np < 0``) and no longer than ``ZYGOTE_IDLE`` seconds without work. At most
 :data:`MAX_ZYGOTES` are kept per process; the oldest idle one goes first, and while every
@@ -42,14 +50,26 @@ MAX_ZYGOTES = 2
 
 Key = tuple[str, str, tuple[tuple[str, str], ...]]
 
+# Variables other jobs' tasks leave in a reused Python worker and that only their own code
+# reads, at run time (TorchDistributor's per-call rendezvous id and input files).
+RUNTIME_ONLY = frozenset({"SPARK_PARTITION_ARROW_DATA_FILE", "SPARK_DATAFRAME_SCHEMA_FILE"})
+RUNTIME_ONLY_PREFIXES = ("PYSPARK_TORCH_DISTRIBUTOR_",)
+
 
 class ZygoteGone(OSError):
     """The zygote ended, or cannot fork: start the rank the usual way."""
 
 
+def read_at_load(name: str) -> bool:
+    """Whether a variable may be read while a rank loads (so its zygote must have it)."""
+    if contract.late_variable(name):
+        return False
+    return name not in RUNTIME_ONLY and not name.startswith(RUNTIME_ONLY_PREFIXES)
+
+
 def import_key(env: Mapping[str, str], cwd: str) -> Key:
     """What a rank's process depends on while it loads: interpreter, folder, early variables."""
-    early = tuple(sorted((k, v) for k, v in env.items() if not contract.late_variable(k)))
+    early = tuple(sorted((k, v) for k, v in env.items() if read_at_load(k)))
     return (sys.executable, cwd, early)
 
 
