@@ -4,6 +4,7 @@ on the driver (np < 0) and on Spark executors."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import threading
@@ -102,51 +103,68 @@ def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Pat
     turn, and a later run of one that would fit sooner waits behind it (no overtaking); a run
     cancelled while in line leaves it; queue_wait=0 refuses at once instead of waiting."""
     release, release_third = tmp_path / "release", tmp_path / "release-third"
-    runner = SparkRunner(np=1)
-    first = runner.submit(trainers.talk_until, str(release))
-    second = runner.submit(trainers.talk_until, str(release))
-    wait_for(lambda: _said(first, "line 2", 1) and _said(second, "line 2", 1), 120, "both runs")
-    assert first.status() == "running"
+    handles: list[RunHandle] = []
 
-    hurried = SparkRunner(np=1, queue_wait=0).submit(trainers.noop)
-    with pytest.raises(CapacityError) as refused:
-        hurried.result(120)
-    assert str(refused.value).startswith(
-        "np=1 needs 1 free task slots at once, but other runs of this process still going "
-        "hold 2 of the cluster's 2 slots, and queue_wait=0 refuses to wait for them "
-        "(spark.sparktrain.queueWait)"
-    )
+    def submit(runner: SparkRunner, *args: Any) -> RunHandle:
+        handles.append(runner.submit(*args))
+        return handles[-1]
 
-    third = SparkRunner(np=2).submit(trainers.talk_until, str(release_third))
-    cancelled = runner.submit(trainers.noop)
-    fourth = runner.submit(trainers.noop)
-    held = "(other runs of this process hold 2 of the cluster's 2)"
-    wait_for(
-        lambda: fourth.status() == f"waiting for 1 task slot {held}, 3rd in line", 120, "a line"
-    )
-    assert third.status() == f"waiting for 2 task slots {held}, 1st in line"
-    assert cancelled.status() == f"waiting for 1 task slot {held}, 2nd in line"
-    assert (
-        repr(third)
-        == f"<RunHandle 'talk_until' waiting for 2 task slots {held}, 1st in line, 0 lines>"
-    )
-    assert cancelled.cancel() is True
-    assert cancelled.cancelled() and cancelled.status() == "cancelled"
-    with pytest.raises(concurrent.futures.CancelledError):
-        cancelled.result()
-    wait_for(lambda: fourth.status().endswith("2nd in line"), 60, "the line to move up")
+    try:
+        runner = SparkRunner(np=1)
+        first = submit(runner, trainers.talk_until, str(release))
+        second = submit(runner, trainers.talk_until, str(release))
+        wait_for(lambda: _said(first, "line 2", 1) and _said(second, "line 2", 1), 120, "both runs")
+        assert first.status() == "running"
 
-    release.touch()
-    assert [first.result(120), second.result(120)] == [0, 0]
-    assert first.status() == "done" and first.last_run is not second.last_run
-    assert first.tail(1) == ["[rank 0] released"]
-    # The third runs once both have ended; the fourth, which would fit beside nothing less,
-    # still waits behind it, now first in line.
-    wait_for(lambda: _said(third, "line 2", 2), 120, "the third run's ranks")
-    assert fourth.status() == f"waiting for 1 task slot {held}, 1st in line"
-    release_third.touch()
-    assert third.result(120) == 0 and fourth.result(120) == 0
-    assert _active_jobs(spark) == []
+        hurried = submit(SparkRunner(np=1, queue_wait=0), trainers.noop)
+        with pytest.raises(CapacityError) as refused:
+            hurried.result(120)
+        assert str(refused.value).startswith(
+            "np=1 needs 1 free task slots at once, but other runs of this process still going "
+            "hold 2 of the cluster's 2 slots, and queue_wait=0 refuses to wait for them "
+            "(spark.sparktrain.queueWait)"
+        )
+
+        third = submit(SparkRunner(np=2), trainers.talk_until, str(release_third))
+        cancelled = submit(runner, trainers.noop)
+        fourth = submit(runner, trainers.noop)
+        held = "(other runs of this process hold 2 of the cluster's 2)"
+        wait_for(
+            lambda: fourth.status() == f"waiting for 1 task slot {held}, 3rd in line", 120, "a line"
+        )
+        assert third.status() == f"waiting for 2 task slots {held}, 1st in line"
+        assert cancelled.status() == f"waiting for 1 task slot {held}, 2nd in line"
+        assert (
+            repr(third)
+            == f"<RunHandle 'talk_until' waiting for 2 task slots {held}, 1st in line, 0 lines>"
+        )
+        assert cancelled.cancel() is True
+        assert cancelled.cancelled() and cancelled.status() == "cancelled"
+        with pytest.raises(concurrent.futures.CancelledError):
+            cancelled.result()
+        wait_for(lambda: fourth.status().endswith("2nd in line"), 60, "the line to move up")
+
+        release.touch()
+        assert [first.result(120), second.result(120)] == [0, 0]
+        assert first.status() == "done" and first.last_run is not second.last_run
+        assert first.tail(1) == ["[rank 0] released"]
+        # The third runs once both have ended; the fourth, which would fit beside nothing less,
+        # still waits behind it, now first in line.
+        wait_for(lambda: _said(third, "line 2", 2), 120, "the third run's ranks")
+        assert fourth.status() == f"waiting for 1 task slot {held}, 1st in line"
+        release_third.touch()
+        assert third.result(120) == 0 and fourth.result(120) == 0
+        assert _active_jobs(spark) == []
+    finally:
+        # Whatever failed above, nothing of it may hold or wait for the shared session's
+        # slots: the next tests' runs would wait in line behind it.
+        release.touch()
+        release_third.touch()
+        for handle in handles:
+            handle.cancel()
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                handle.result(120)
 
 
 def test_follow_prints_the_lines_live_until_the_run_ends(tmp_path: Path) -> None:
