@@ -37,6 +37,24 @@ def spark_test_conf() -> dict[str, str]:
     return conf
 
 
+def _forget_earlier_sessions_conf() -> None:
+    """Clear the ``spark.*`` JVM properties an earlier session of this process left.
+
+    The session that launched this process's JVM passed its options as JVM system properties,
+    and every later ``SparkConf`` loads them: after the cluster tier's session, its driver host
+    (on a bridge that is gone), GPUs and memory would reach this session.
+    """
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return
+    props = jvm.System.getProperties()
+    for key in [str(k) for k in props.keySet()]:
+        if key.startswith("spark."):
+            jvm.System.clearProperty(key)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A local-cluster[2,1,1024] session: two executor JVMs, one core and one fake GPU each."""
@@ -48,6 +66,7 @@ def spark():
     )
     for key, value in spark_test_conf().items():
         builder = builder.config(key, value)
+    _forget_earlier_sessions_conf()
     with pytest.MonkeyPatch.context() as patch:
         # Executors start "python3" from PATH unless told otherwise; they need this venv.
         patch.setenv("PYSPARK_PYTHON", sys.executable)
