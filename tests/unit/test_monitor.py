@@ -255,7 +255,12 @@ def test_run_timeout_stops_every_rank(server) -> None:
     assert all(t.aborted.is_set() for t in launch.tasks)
 
 
-def test_ctrl_c_stops_every_rank_before_it_is_raised(server, caplog) -> None:
+def _interrupted_run(
+    server, press: Callable[[threading.Event], None], **settings: Any
+) -> list[int]:
+    """Watch a run of two started ranks while ``press`` (on its own thread, given the event
+    set once both started) sends Ctrl-C; return the ranks that confirmed their stop before
+    the KeyboardInterrupt reached the caller."""
     started = threading.Event()
     confirmed: list[int] = []
 
@@ -270,16 +275,21 @@ def test_ctrl_c_stops_every_rank_before_it_is_raised(server, caplog) -> None:
             confirmed.append(task.index)
             task.exited()
 
-    def press_ctrl_c() -> None:
+    launch = FakeLaunch(server, 2, body)
+    mon, _ = monitor(server, **settings)
+    threading.Thread(target=press, args=(started,), daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        mon.watch(launch)
+    return confirmed
+
+
+def test_ctrl_c_stops_every_rank_before_it_is_raised(server, caplog) -> None:
+    def press_ctrl_c(started: threading.Event) -> None:
         started.wait(10)
         # A real SIGINT, as a terminal sends: it wakes the monitor blocked on its queue.
         os.kill(os.getpid(), signal.SIGINT)
 
-    launch = FakeLaunch(server, 2, body)
-    mon, out = monitor(server)
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        mon.watch(launch)
+    confirmed = _interrupted_run(server, press_ctrl_c)
     assert sorted(confirmed) == [0, 1]  # both had confirmed before run() gave up control
     assert "interrupted; stopping every rank" in caplog.text
 
@@ -288,36 +298,18 @@ def test_ctrl_c_taken_by_another_thread_still_stops_every_rank(server, caplog) -
     # The kernel may hand a process-directed SIGINT to any thread; one that lands on another
     # thread does not wake a main thread blocked on a lock. Deliver it to a helper thread on
     # purpose: the run must still stop (not wait for its hour-long deadline).
-    started = threading.Event()
-    confirmed: list[int] = []
-
-    def body(tasks: list[FakeTask], done: Done) -> None:
-        for task in tasks:
-            task.hello()
-        for i, task in enumerate(tasks):
-            task.started(i)
-        started.set()
-        for task in tasks:
-            assert task.aborted.wait(10)
-            confirmed.append(task.index)
-            task.exited()
-
     def main_thread_waits() -> bool:
         # Blocked in the kernel on the queue's lock, with nothing left to wake it.
         tid = threading.main_thread().native_id
         with open(f"/proc/self/task/{tid}/wchan") as f:
             return "futex" in f.read()
 
-    def press_ctrl_c_on_this_thread() -> None:
+    def press_ctrl_c_on_this_thread(started: threading.Event) -> None:
         started.wait(10)
         wait_for(main_thread_waits, 10, "the monitor to wait on its queue")
         signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
-    launch = FakeLaunch(server, 2, body)
-    mon, _ = monitor(server, timeout=3600)
-    threading.Thread(target=press_ctrl_c_on_this_thread, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        mon.watch(launch)
+    confirmed = _interrupted_run(server, press_ctrl_c_on_this_thread, timeout=3600)
     assert sorted(confirmed) == [0, 1]
     assert "interrupted; stopping every rank" in caplog.text
 
