@@ -356,6 +356,7 @@ class SparkDatasetConverter:
             "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
             "null_counts": dict(self.null_counts),
             "dtype": self.dtype,
+            **({} if self.digests is None else {_DIGESTS_KEY: dict(self.digests)}),
         }
 
     @classmethod
@@ -377,7 +378,9 @@ class SparkDatasetConverter:
             null_counts={str(k): int(v) for k, v in manifest["null_counts"].items()},
             dtype=manifest["dtype"],
             storage_options=storage_options,
-            digests=manifest.get(_DIGESTS_KEY) or {},
+            # Absent for files sparktrain did not write (from_parquet): nothing to check them
+            # against. A reused cache's manifest without them is refused before this is used.
+            digests=manifest.get(_DIGESTS_KEY),
         )
 
 

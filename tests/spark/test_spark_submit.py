@@ -117,8 +117,10 @@ def test_a_failed_job_ends_with_sparktrains_error(tmp_path):
     after = shown[first:]
     kept = re.fullmatch(
         r"WorkerFailedError: 1 rank\(s\) failed \(of the results that reached the driver, "
-        r"rank 0's: it is kept in (\S+\.pkl) \(sparktrain\.load_kept\(path\) reads it back\)\)"
-        r"\. Root cause:",
+        r"rank 0's: it is kept in (\S+\.pkl) \(sparktrain\.load_kept\(path\) reads it back; "
+        r"a run on this host removes it once it is older than kept_results_ttl "
+        r"\(spark\.sparktrain\.keptResultsTtl, 3 days unless set\); `sparktrain kept clean` "
+        r"removes kept results at once\)\)\. Root cause:",
         after[0],
     )
     assert kept is not None, after

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import importlib.machinery
 import os
 import re
 import subprocess
@@ -226,7 +227,16 @@ def fake_probes(
     monkeypatch.setattr(
         doctor_probes.importlib.util,
         "find_spec",
-        lambda name, *rest: object() if name == "horovod" else find_spec(name, *rest),
+        lambda name, *rest: (
+            importlib.machinery.ModuleSpec(
+                "horovod",
+                importlib.machinery.SourceFileLoader(
+                    "horovod", "/site-packages/horovod/__init__.py"
+                ),
+            )
+            if name == "horovod"
+            else find_spec(name, *rest)
+        ),
     )
     monkeypatch.setattr(
         doctor_probes.shutil, "which", lambda name: None if name == "mpirun" else f"/usr/bin/{name}"
