@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import importlib.machinery
+import io
 import os
 import re
 import subprocess
