@@ -1,8 +1,9 @@
-"""The README's code blocks, as the newcomer tests read them.
+"""The code blocks of the README and of the documentation site, as the newcomer tests read them.
 
 Every fenced block is preceded by a marker line: ``<!-- readme-test: runs as written -->``
 for a Python block that the tests run, in order, in one process; or ``<!-- readme-test: not
-run (why) -->`` saying what it leaves out.
+run (why) -->`` saying what it leaves out. The order is the README's blocks first, then each
+page of the site in the order of ``mkdocs.yml``'s navigation.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUNS = "runs as written"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 _MARKER = re.compile(r"^<!-- readme-test: (.+?) -->$")
 _FENCE = re.compile(r"^```(\S*)\s*$")
+_NAV_PAGE = re.compile(r"^\s*-\s+(?:[^:]+:\s+)?(\S+\.md)\s*$")
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,33 @@ def blocks(readme: Path) -> list[Block]:
     return found
 
 
-def runnable_script(readme: Path) -> str:
-    """The blocks marked to run, joined into one script that says which block it is in."""
+def site_pages(root: Path = ROOT) -> list[Path]:
+    """The pages of the site, in the order of ``mkdocs.yml``'s ``nav``."""
+    pages = []
+    in_nav = False
+    for line in (root / "mkdocs.yml").read_text(encoding="utf-8").splitlines():
+        if not line.startswith((" ", "-")):
+            in_nav = line.startswith("nav:")
+            continue
+        match = _NAV_PAGE.match(line) if in_nav else None
+        if match:
+            pages.append(root / "docs" / match.group(1))
+    return pages
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """The README, then the site's pages in navigation order: the order the blocks run in."""
+    return [root / "README.md", *site_pages(root)]
+
+
+def runnable_script(paths: list[Path], root: Path = ROOT) -> str:
+    """The blocks marked to run, of ``paths`` in that order, joined into one script that
+    says which file (relative to ``root``) and line each block starts at."""
     parts = []
-    for block in blocks(readme):
-        if block.marker == RUNS:
-            parts.append(f'print("--- README block at line {block.line}", flush=True)\n')
-            parts.append(block.text + "\n")
+    for path in paths:
+        where = path.relative_to(root) if path.is_relative_to(root) else path.name
+        for block in blocks(path):
+            if block.marker == RUNS:
+                parts.append(f'print("--- block at {where} line {block.line}", flush=True)\n')
+                parts.append(block.text + "\n")
     return "\n".join(parts)

@@ -182,8 +182,8 @@ class RunConfig:
         "ignoreSsl",
         "bool",
         "run on a cluster with spark.ssl.enabled=true, although what the ranks send each other "
-        "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the README's "
-        "Security section.",
+        "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the Security page "
+        "of the documentation (docs/security.md).",
     )
     horovod_impl: str | None = setting(
         None,

@@ -51,7 +51,7 @@ def _check_encryption(conf: Any, config: RunConfig) -> None:
         "between ranks (torch.distributed's store, Gloo or NCCL collectives, Horovod's "
         "rendezvous, MPI) is not encrypted, and sparktrain's own channel is authenticated but "
         f"not encrypted. To run anyway, on a network you trust, set ignore_ssl=True "
-        f"({conf_key('ignore_ssl')} true); see the Security section of the README"
+        f"({conf_key('ignore_ssl')} true); see the Security page of the documentation (docs/security.md)"
     )
 
 
