@@ -1,6 +1,7 @@
 """What a newcomer gets from the package: the wheel built from this checkout, installed into a
 fresh virtual environment with the extras the README names, then, from a folder outside the
-checkout, the README's runnable blocks in order and the tour notebook.
+checkout, the runnable blocks of the README and of the site's pages in order, and the tour
+notebook.
 
 Slow (a virtual environment and two Spark applications of its own), so one module fixture
 builds and installs once for both tests.
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.readme_blocks import runnable_script
+import sparktrain
+from tests.readme_blocks import documents, runnable_script
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
 NOTEBOOK = ROOT / "notebooks" / "sparktrain_tour.ipynb"
 EXTRAS = "spark,data,examples"
 
@@ -71,6 +72,8 @@ def installed(tmp_path_factory) -> Path:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith("/METADATA"))).decode()
     assert "sparktrain/commands/install-horovod.sh" in names
+    assert "sparktrain/py.typed" in names  # the type hints ship
+    assert f"\nVersion: {sparktrain.__version__}\n" in metadata  # one version, the package's
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert "<<<<<<<" not in metadata and ">>>>>>>" not in metadata  # the index page's text
 
@@ -93,7 +96,7 @@ def installed(tmp_path_factory) -> Path:
 
 def test_readme_blocks_run_as_written_from_the_installed_wheel(installed: Path, tmp_path: Path):
     script = tmp_path / "readme.py"
-    script.write_text(runnable_script(README), encoding="utf-8")
+    script.write_text(runnable_script(documents(ROOT), ROOT), encoding="utf-8")
     outside = tmp_path / "somewhere-else"
     outside.mkdir()
     proc = subprocess.run(
@@ -107,7 +110,7 @@ def test_readme_blocks_run_as_written_from_the_installed_wheel(installed: Path, 
     out = proc.stdout
     assert proc.returncode == 0, f"{out[-3000:]}\n{proc.stderr[-6000:]}"
     # Each block ran, in order, and printed what it says it prints.
-    assert out.count("--- README block at line") >= 8
+    assert out.count("--- block at ") >= 8
     metrics = [line for line in out.splitlines() if line.startswith("{'loss': ")]
     assert len(metrics) == 2 and all("'world_size': 2}" in m for m in metrics), out
     assert [float(m.split()[1].rstrip(",")) < 0.5 for m in metrics] == [True, True], metrics
