@@ -4,6 +4,7 @@ of ``documents()``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.readme_blocks import README, RUNS, Block, blocks, documents, runnable_script
@@ -55,3 +56,13 @@ def test_the_laptop_page_shows_the_readme_first_run_word_for_word() -> None:
     first = next(b for b in blocks(README) if b.marker == RUNS)
     laptop = README.parent / "docs" / "getting-started" / "laptop.md"
     assert first.text in [b.text for b in blocks(laptop)]
+
+
+def test_the_readme_links_to_pages_that_exist() -> None:
+    """The README's links into the site are relative, so they work on GitHub and PyPI's
+    mirror of the repository alike; each must name a page that is there."""
+    text = README.read_text(encoding="utf-8")
+    targets = {t.split("#")[0] for t in re.findall(r"\]\((docs/[^)\s]+)\)", text)}
+    assert len(targets) >= 15
+    missing = sorted(t for t in targets if not (README.parent / t).is_file())
+    assert missing == []
