@@ -26,9 +26,10 @@ import torch
 from sparktrain.data.batching import Arrays, Window, cut
 from sparktrain.data.columns import ColumnKind, to_numpy
 from sparktrain.data.prefetch import Background
+from sparktrain.data import resume_state
+from sparktrain.data.resharding import Stage, StagePlan, plan_stage, windows
 from sparktrain.data.sharding import (
     Segment,
-    plan_shard,
     row_order_in_piece,
     shard_size,
     validate_shard,
@@ -66,10 +67,13 @@ _OPEN_FILES = 4
 class _Pass(Iterator[Any]):
     """One pass over the loader; a newer pass stops it, and then it raises if used."""
 
-    def __init__(self, batches: Iterator[Any], *threads: Background[Any]) -> None:
+    def __init__(
+        self, batches: Iterator[Any], cursor: resume_state.Cursor, *threads: Background[Any]
+    ) -> None:
         # The read-ahead thread behind ``batches`` is closed by name as well: closing a
         # generator that never ran does not run its ``finally``, which would close it.
         self._batches = batches
+        self.cursor = cursor
         self._stages: tuple[Iterator[Any], ...] = (batches, *threads)
         self._superseded = False
 
@@ -80,7 +84,9 @@ class _Pass(Iterator[Any]):
                 "(iter(loader) was called again); use one iterator per loader at a time, or "
                 "make a second loader"
             )
-        return next(self._batches)
+        batch = next(self._batches)
+        self.cursor.served_batch()
+        return batch
 
     def close(self, superseded: bool = False) -> None:
         """Stop the pass's threads and close its files."""
@@ -193,6 +199,17 @@ class TorchDataLoader:
         )
         self._next_epoch = 0
         self._pass: _Pass | None = None
+        # (epoch, finished stages, rows already served, end) for the next pass, once restored.
+        self._resume: tuple[int, list[Stage], int, int | None] | None = None
+        self._config = {
+            "rows": len(dataset),
+            "pieces": len(self._piece_rows),
+            "batch_size": batch_size,
+            "drop_last": drop_last,
+            "shuffle": shuffle,
+            "seed": seed,
+            "shuffle_window": self._window,
+        }
 
     def __len__(self) -> int:
         if self._num_epochs is None:
@@ -203,23 +220,90 @@ class TorchDataLoader:
         return self._num_epochs * self.batches_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass start at ``epoch`` (its shuffle); call it on every rank."""
+        """Make the next pass start at ``epoch`` (its shuffle); call it on every rank.
+
+        After :meth:`load_state_dict`, setting the restored epoch keeps the restored place in
+        it; setting another epoch starts that one from its beginning.
+        """
         _check_int("epoch", epoch, 0)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
         self._next_epoch = epoch
 
-    def __iter__(self) -> Iterator[Any]:
-        start = self._next_epoch
-        epochs: Iterable[int]
-        if self._num_epochs is None:
-            epochs = itertools.count(start)
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's place in its epochs, as a small dict (torchdata's protocol).
+
+        It counts the batches the caller has taken (not those read ahead): the epoch, the
+        rows this rank has served in it, the seed and the settings, never a list of rows.
+        Give it back to :meth:`load_state_dict` on the same rank, or join the states of all
+        ranks (``sparktrain.checkpoint.save(..., loader=loader)`` does) to resume at any
+        number of ranks.
+        """
+        if self._pass is not None:
+            return self._pass.cursor.state(self._config, self.shard_count, self.cur_shard)
+        if self._resume is not None:
+            epoch, stages, rows, end = self._resume
         else:
-            epochs = range(start, start + self._num_epochs)
-            self._next_epoch = start + self._num_epochs
+            epoch, stages, rows, end = self._next_epoch, [], 0, None
+        return resume_state.shard_state(
+            self._config, epoch=epoch, stages=stages, shard_count=self.shard_count,
+            shard=self.cur_shard, rows=rows, end=end,
+        )
+
+    def load_state_dict(self, state: Any) -> None:
+        """Make the next pass go on where a saved state left off.
+
+        Args:
+            state: this rank's own earlier :meth:`state_dict` (same shard and shard count),
+                or the states of every rank at one step (a list), or their merged state
+                (the ``"loader"`` entry of a checkpoint saved with ``loader=``). With all
+                ranks' places known, the rest of the epoch is split among this loader's
+                ranks, whatever their number: every row the epoch had left is read once
+                (padding aside, see :mod:`sparktrain.data.sharding`), in the epoch's shuffle
+                order, and later epochs are those of an uninterrupted run at this size.
+
+        Raises:
+            ConfigurationError: the state is not a loader state, was saved by a loader
+                with other settings or over other data, or is another rank's alone.
+        """
+        epoch, stages, rows, end = resume_state.pending(
+            state, config=self._config, shard_count=self.shard_count, shard=self.cur_shard,
+            what="loader",
+        )
+        self.close()
+        self._next_epoch = epoch
+        finished = end is not None and epoch >= end
+        idle = not stages and not rows and end is None
+        self._resume = None if finished or idle else (epoch, stages, rows, end)
+
+    def _plan(self, epoch: int, stages: Sequence[Stage]) -> StagePlan:
+        return plan_stage(
+            self._piece_rows, stages=stages, shard_count=self.shard_count,
+            shard=self.cur_shard, batch_size=self._batch_size, drop_last=self._drop_last,
+            epoch=epoch, seed=self._seed, shuffle=self._shuffle, window=self._window,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        start, stages, skip, end = self._next_epoch, [], 0, None
+        if self._resume is not None:
+            start, stages, skip, end = self._resume
+            self._resume = None
+        elif self._num_epochs is not None:
+            end = start + self._num_epochs
+        if end is not None:
+            self._next_epoch = end
+        cursor = resume_state.Cursor(
+            self._plan, epoch=start, stages=stages, skip=skip, end=end,
+            batch_size=self._batch_size,
+        )
+        epochs: Iterable[int] = (
+            itertools.count(cursor.epoch) if end is None else range(cursor.epoch, end)
+        )
         # One pass at a time keeps memory bounded: a pass left early (break) would otherwise
         # keep its threads and windows until the loader closes.
         if self._pass is not None:
             self._pass.close(superseded=True)
-        windows: Iterator[Window] = self._windows(epochs)
+        windows: Iterator[Window] = self._windows(epochs, cursor.plan, cursor.skip)
         reader: list[Background[Window]] = []
         if self._read_ahead:
             reader.append(Background(windows, 1, "sparktrain-data-read"))
@@ -227,7 +311,7 @@ class TorchDataLoader:
         batches: Iterator[Any] = self._batches(windows)
         if self._prefetch:
             batches = Background(batches, self._prefetch, "sparktrain-data-batch")
-        self._pass = _Pass(batches, *reader)
+        self._pass = _Pass(batches, cursor, *reader)
         return self._pass
 
     def close(self) -> None:
@@ -242,27 +326,25 @@ class TorchDataLoader:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _windows(self, epochs: Iterable[int]) -> Iterator[Window]:
+    def _windows(self, epochs: Iterable[int], first: StagePlan, skip: int) -> Iterator[Window]:
+        """The windows of ``epochs``; the first follows ``first``, less ``skip`` served rows."""
         reader = _PieceReader(self._dataset, list(self._kinds))
         shapes: dict[str, tuple[int, ...]] = {}
         try:
             for epoch in epochs:
-                plan = plan_shard(
-                    self._piece_rows,
-                    shard_count=self.shard_count,
-                    cur_shard=self.cur_shard,
-                    batch_size=self._batch_size,
-                    drop_last=self._drop_last,
-                    epoch=epoch,
-                    seed=self._seed,
-                    shuffle=self._shuffle,
-                )
-                groups = [
-                    plan.segments[i : i + self._window]
-                    for i in range(0, len(plan.segments), self._window)
-                ]
+                plan = first if epoch == first.order.epoch else self._plan(epoch, ())
+                left = skip if plan is first else 0
+                served_batches = left // self._batch_size
+                groups = windows(plan.segments, self._window)
                 for number, segments in enumerate(groups):
+                    size = sum(segment.rows for segment in segments)
+                    if left >= size:
+                        left -= size  # served before the restore: not read again
+                        continue
                     window = self._read_window(reader, segments, epoch, number)
+                    if left:
+                        window.drop_first(left)
+                        left = 0
                     for part in window.parts:
                         for name, values in part.items():
                             if shapes.setdefault(name, values.shape[1:]) != values.shape[1:]:
@@ -272,7 +354,7 @@ class TorchDataLoader:
                                     f"needs one array length or vector size per column"
                                 )
                     window.last = number == len(groups) - 1
-                    window.batches = plan.batches
+                    window.batches = plan.batches - served_batches
                     yield window
         finally:
             reader.close()
@@ -284,32 +366,38 @@ class TorchDataLoader:
 
         The columns stay as Arrow produced them (no copy); only the order is computed here.
         """
-        if not self._shuffle:
-            (segment,) = segments  # without shuffling a window is one segment
+        if not self._shuffle and len(segments) == 1:
+            (segment,) = segments
             table = reader.read(segment.piece).slice(segment.start, segment.rows)
             return Window(epoch, [self._convert(table)], None, None, segment.rows, False, 0)
         parts: list[Arrays] = []
+        index: dict[int, int] = {}  # piece -> its part (a resumed epoch may cut a piece up)
         rows: list[np.ndarray] = []
+        owners: list[int] = []
         for segment in segments:
-            table = reader.read(segment.piece)
+            if segment.piece not in index:
+                table = reader.read(segment.piece)
+                index[segment.piece] = len(parts)
+                parts.append(self._convert(table))
+            count = self._piece_rows[segment.piece]
             order = row_order_in_piece(
-                table.num_rows,
-                piece=segment.piece,
-                epoch=epoch,
-                seed=self._seed,
-                shuffle=True,
+                count, piece=segment.piece, epoch=epoch, seed=self._seed, shuffle=self._shuffle
             )
-            local = np.arange(table.num_rows) if order is None else order
-            parts.append(self._convert(table))
+            local = np.arange(count) if order is None else order
             rows.append(local[segment.start : segment.stop])
+            owners.append(index[segment.piece])
         row_of = np.concatenate(rows)
-        mix = window_order(
-            len(row_of), window=number, shard=self.cur_shard, epoch=epoch, seed=self._seed
+        mix = (
+            window_order(
+                len(row_of), window=number, shard=self.cur_shard, epoch=epoch, seed=self._seed
+            )
+            if self._shuffle
+            else np.arange(len(row_of))
         )
         part_of = None
         if len(parts) > 1:
             sizes = [len(part_rows) for part_rows in rows]
-            part_of = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)[mix]
+            part_of = np.repeat(np.asarray(owners, dtype=np.int32), sizes)[mix]
         return Window(epoch, parts, row_of[mix], part_of, len(row_of), False, 0)
 
     def _convert(self, table: pa.Table) -> Arrays:
