@@ -163,7 +163,11 @@ class Cursor:
 
     def served_batch(self) -> None:
         """Count one batch handed to the caller; past the epoch's last, go to the next."""
-        self.batches += 1
+        self.advance(1)
+
+    def advance(self, batches: int) -> None:
+        """Count ``batches`` batches handed to the caller (within the current epoch)."""
+        self.batches += batches
         if self.left() <= 0:
             self._enter(self.epoch + 1, (), 0)
 

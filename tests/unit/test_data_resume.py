@@ -193,3 +193,42 @@ def test_incomplete_or_foreign_states_are_refused(states: str, match: str) -> No
     }[states]
     with pytest.raises(ConfigurationError, match=match):
         resume_state.pending(given, config=config, shard_count=2, shard=0, what="loader")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_sampler_resumes_at_another_size(shuffle: bool, drop_last: bool) -> None:
+    from sparktrain.data import ResumableDistributedSampler
+
+    size = 97
+    options = dict(shuffle=shuffle, seed=3, drop_last=drop_last)
+    old = [ResumableDistributedSampler(size, 4, rank, **options) for rank in range(4)]  # type: ignore[arg-type]
+    first_seven: list[int] = []
+    for sampler in old:
+        sampler.set_epoch(2)
+        it = iter(sampler)
+        taken = [next(it) for _ in range(10)]
+        first_seven.extend(taken[:7])
+    # A DataLoader's workers took indices ahead: the state says what was trained (7 each).
+    states = [sampler.state_dict(consumed=7) for sampler in old]
+    assert [state["rows"] for state in states] == [7] * 4
+    new = [ResumableDistributedSampler(size, 3, rank, **options) for rank in range(3)]  # type: ignore[arg-type]
+    rest: list[int] = []
+    for sampler in new:
+        sampler.load_state_dict(states)
+        sampler.set_epoch(2)  # the usual DDP loop: the restored epoch keeps its place
+        assert len(sampler) == len(list(iter(sampler)))
+        sampler.load_state_dict(states)
+        rest.extend(sampler)
+    reads = Counter(first_seven + rest)
+    if drop_last:
+        assert max(reads.values()) == 1 and size - len(reads) < 4 + 3
+    else:
+        assert sorted(reads) == list(range(size))
+        assert sum(reads.values()) - size < 4 + 3  # only padding repeats
+    # The next epoch is what an uninterrupted sampler at the new size gives.
+    for rank, sampler in enumerate(new):
+        sampler.set_epoch(3)
+        plain = ResumableDistributedSampler(size, 3, rank, **options)  # type: ignore[arg-type]
+        plain.set_epoch(3)
+        assert list(sampler) == list(plain)
