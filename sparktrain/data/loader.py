@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from sparktrain.data import resume_state
 from sparktrain.data.batching import Arrays, Window, cut
 from sparktrain.data.columns import ColumnKind, to_numpy
 from sparktrain.data.prefetch import Background
-from sparktrain.data import resume_state
 from sparktrain.data.resharding import Stage, StagePlan, plan_stage, windows
 from sparktrain.data.sharding import (
     Segment,
@@ -246,8 +246,13 @@ class TorchDataLoader:
         else:
             epoch, stages, rows, end = self._next_epoch, [], 0, None
         return resume_state.shard_state(
-            self._config, epoch=epoch, stages=stages, shard_count=self.shard_count,
-            shard=self.cur_shard, rows=rows, end=end,
+            self._config,
+            epoch=epoch,
+            stages=stages,
+            shard_count=self.shard_count,
+            shard=self.cur_shard,
+            rows=rows,
+            end=end,
         )
 
     def load_state_dict(self, state: Any) -> None:
@@ -267,7 +272,10 @@ class TorchDataLoader:
                 with other settings or over other data, or is another rank's alone.
         """
         epoch, stages, rows, end = resume_state.pending(
-            state, config=self._config, shard_count=self.shard_count, shard=self.cur_shard,
+            state,
+            config=self._config,
+            shard_count=self.shard_count,
+            shard=self.cur_shard,
             what="loader",
         )
         self.close()
@@ -278,13 +286,22 @@ class TorchDataLoader:
 
     def _plan(self, epoch: int, stages: Sequence[Stage]) -> StagePlan:
         return plan_stage(
-            self._piece_rows, stages=stages, shard_count=self.shard_count,
-            shard=self.cur_shard, batch_size=self._batch_size, drop_last=self._drop_last,
-            epoch=epoch, seed=self._seed, shuffle=self._shuffle, window=self._window,
+            self._piece_rows,
+            stages=stages,
+            shard_count=self.shard_count,
+            shard=self.cur_shard,
+            batch_size=self._batch_size,
+            drop_last=self._drop_last,
+            epoch=epoch,
+            seed=self._seed,
+            shuffle=self._shuffle,
+            window=self._window,
         )
 
     def __iter__(self) -> Iterator[Any]:
-        start, stages, skip, end = self._next_epoch, [], 0, None
+        start, skip = self._next_epoch, 0
+        stages: list[Stage] = []
+        end: int | None = None
         if self._resume is not None:
             start, stages, skip, end = self._resume
             self._resume = None
@@ -293,7 +310,11 @@ class TorchDataLoader:
         if end is not None:
             self._next_epoch = end
         cursor = resume_state.Cursor(
-            self._plan, epoch=start, stages=stages, skip=skip, end=end,
+            self._plan,
+            epoch=start,
+            stages=stages,
+            skip=skip,
+            end=end,
             batch_size=self._batch_size,
         )
         epochs: Iterable[int] = (

@@ -42,7 +42,7 @@ def positions(spans: Spans) -> np.ndarray:
     """Every position of ``spans``, in order (for tests and small sets)."""
     if not len(spans[0]):
         return np.empty(0, dtype=np.int64)
-    return np.concatenate([np.arange(a, b) for a, b in zip(*spans)])
+    return np.concatenate([np.arange(a, b) for a, b in zip(*spans, strict=True)])
 
 
 def spans_from_positions(values: np.ndarray) -> Spans:
@@ -128,7 +128,9 @@ class EpochOrder:
     def __init__(self, piece_rows: Sequence[int], *, epoch: int, seed: int, shuffle: bool):
         self.piece_rows = [int(rows) for rows in piece_rows]
         self.epoch, self.seed, self.shuffle = epoch, seed, shuffle
-        self.order = piece_visit_order(len(self.piece_rows), epoch=epoch, seed=seed, shuffle=shuffle)
+        self.order = piece_visit_order(
+            len(self.piece_rows), epoch=epoch, seed=seed, shuffle=shuffle
+        )
         sizes = np.asarray([self.piece_rows[p] for p in self.order], dtype=np.int64)
         self.starts = np.concatenate(([0], np.cumsum(sizes)))
         self.first = np.empty(len(self.order), dtype=np.int64)  # first position of each piece
@@ -163,8 +165,16 @@ class StagePlan:
     """What shard ``shard`` of a stage reads: its segments, rows and batches."""
 
     def __init__(
-        self, order: EpochOrder, stream: Spans, *, shard_count: int, shard: int,
-        batch_size: int, drop_last: bool, first: bool, window: int,
+        self,
+        order: EpochOrder,
+        stream: Spans,
+        *,
+        shard_count: int,
+        shard: int,
+        batch_size: int,
+        drop_last: bool,
+        first: bool,
+        window: int,
     ) -> None:
         self.order, self.shard, self.window = order, shard, window
         self.rows, self.batches = stage_size(
@@ -179,7 +189,10 @@ class StagePlan:
         if not self.order.shuffle:
             return where
         mix = window_order(
-            where.size, window=number, shard=self.shard, epoch=self.order.epoch,
+            where.size,
+            window=number,
+            shard=self.shard,
+            epoch=self.order.epoch,
             seed=self.order.seed,
         )
         return where[mix]
@@ -194,7 +207,11 @@ class StagePlan:
             size = sum(segment.rows for segment in group)
             if left >= size:
                 starts = [int(self.order.first[s.piece]) + s.start for s in group]
-                done.append(union([spans_of(starts, [a + s.rows for a, s in zip(starts, group)])]))
+                done.append(
+                    union(
+                        [spans_of(starts, [a + s.rows for a, s in zip(starts, group, strict=True)])]
+                    )
+                )
             else:
                 done.append(spans_from_positions(self.window_positions(number, group)[:left]))
             left -= size
@@ -208,7 +225,11 @@ def read_set(stream: Spans, shard_count: int, rows: int) -> Spans:
 
 
 def remaining(
-    order: EpochOrder, stages: Sequence[Stage], *, batch_size: int, drop_last: bool,
+    order: EpochOrder,
+    stages: Sequence[Stage],
+    *,
+    batch_size: int,
+    drop_last: bool,
     window: int,
 ) -> Spans:
     """The positions no finished stage has read and that the epoch is still to read."""
@@ -216,20 +237,35 @@ def remaining(
     for number, (shard_count, served) in enumerate(stages):
         plans = [
             StagePlan(
-                order, stream, shard_count=shard_count, shard=shard, batch_size=batch_size,
-                drop_last=drop_last, first=number == 0, window=window,
+                order,
+                stream,
+                shard_count=shard_count,
+                shard=shard,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                first=number == 0,
+                window=window,
             )
             for shard in range(shard_count)
         ]
-        read = union([plan.served(rows) for plan, rows in zip(plans, served)])
+        read = union([plan.served(rows) for plan, rows in zip(plans, served, strict=True)])
         planned = read_set(stream, shard_count, plans[0].rows) if plans[0].rows else read
         stream = subtract(planned, read)
     return stream
 
 
 def plan_stage(
-    piece_rows: Sequence[int], *, stages: Sequence[Stage], shard_count: int, shard: int,
-    batch_size: int, drop_last: bool, epoch: int, seed: int, shuffle: bool, window: int,
+    piece_rows: Sequence[int],
+    *,
+    stages: Sequence[Stage],
+    shard_count: int,
+    shard: int,
+    batch_size: int,
+    drop_last: bool,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    window: int,
 ) -> StagePlan:
     """The plan of ``shard`` in the stage that follows the finished ``stages`` of ``epoch``.
 
@@ -240,6 +276,12 @@ def plan_stage(
     window = window if shuffle else 1
     stream = remaining(order, stages, batch_size=batch_size, drop_last=drop_last, window=window)
     return StagePlan(
-        order, stream, shard_count=shard_count, shard=shard, batch_size=batch_size,
-        drop_last=drop_last, first=not stages, window=window,
+        order,
+        stream,
+        shard_count=shard_count,
+        shard=shard,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        first=not stages,
+        window=window,
     )

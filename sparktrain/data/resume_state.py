@@ -22,8 +22,14 @@ MERGED = "merged"
 
 
 def shard_state(
-    config: Mapping[str, Any], *, epoch: int, stages: Sequence[Stage], shard_count: int,
-    shard: int, rows: int, end: int | None,
+    config: Mapping[str, Any],
+    *,
+    epoch: int,
+    stages: Sequence[Stage],
+    shard_count: int,
+    shard: int,
+    rows: int,
+    end: int | None,
 ) -> dict[str, Any]:
     """One rank's state (see the module docstring)."""
     return {
@@ -142,8 +148,14 @@ class Cursor:
     """
 
     def __init__(
-        self, plan_for: Callable[[int, Sequence[Stage]], StagePlan], *, epoch: int,
-        stages: Sequence[Stage], skip: int, end: int | None, batch_size: int,
+        self,
+        plan_for: Callable[[int, Sequence[Stage]], StagePlan],
+        *,
+        epoch: int,
+        stages: Sequence[Stage],
+        skip: int,
+        end: int | None,
+        batch_size: int,
     ) -> None:
         self._plan_for = plan_for
         self._batch_size = batch_size
@@ -178,8 +190,13 @@ class Cursor:
     def state(self, config: Mapping[str, Any], shard_count: int, shard: int) -> dict[str, Any]:
         """This rank's state (see :func:`shard_state`)."""
         return shard_state(
-            config, epoch=self.epoch, stages=self.stages, shard_count=shard_count,
-            shard=shard, rows=self.rows(), end=self.end,
+            config,
+            epoch=self.epoch,
+            stages=self.stages,
+            shard_count=shard_count,
+            shard=shard,
+            rows=self.rows(),
+            end=self.end,
         )
 
 

@@ -105,13 +105,21 @@ class ResumableDistributedSampler(torch.utils.data.Sampler[int]):
 
     def _plan(self, epoch: int, stages: Sequence[Stage]) -> StagePlan:
         return plan_stage(
-            [self._size], stages=stages, shard_count=self.num_replicas, shard=self.rank,
-            batch_size=1, drop_last=self.drop_last, epoch=epoch, seed=self.seed,
-            shuffle=self.shuffle, window=1,
+            [self._size],
+            stages=stages,
+            shard_count=self.num_replicas,
+            shard=self.rank,
+            batch_size=1,
+            drop_last=self.drop_last,
+            epoch=epoch,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            window=1,
         )
 
     def _start(self) -> resume_state.Cursor:
-        epoch, stages, skip, end = self._epoch, [], 0, self._epoch + 1
+        epoch, skip, end = self._epoch, 0, self._epoch + 1  # type: int, int, int | None
+        stages: list[Stage] = []
         if self._resume is not None:
             epoch, stages, skip, end = self._resume
         return resume_state.Cursor(
@@ -163,8 +171,13 @@ class ResumableDistributedSampler(torch.utils.data.Sampler[int]):
             else:
                 epoch, stages, rows, end = self._epoch, [], 0, None
             return resume_state.shard_state(
-                self._config, epoch=epoch, stages=stages, shard_count=self.num_replicas,
-                shard=self.rank, rows=rows, end=end,
+                self._config,
+                epoch=epoch,
+                stages=stages,
+                shard_count=self.num_replicas,
+                shard=self.rank,
+                rows=rows,
+                end=end,
             )
         if consumed is not None and self._pass is not None:
             if isinstance(consumed, bool) or not isinstance(consumed, int) or consumed < 0:
@@ -189,7 +202,10 @@ class ResumableDistributedSampler(torch.utils.data.Sampler[int]):
                 dataset length, or another rank's alone.
         """
         epoch, stages, rows, end = resume_state.pending(
-            state, config=self._config, shard_count=self.num_replicas, shard=self.rank,
+            state,
+            config=self._config,
+            shard_count=self.num_replicas,
+            shard=self.rank,
             what="sampler",
         )
         self._cursor = None

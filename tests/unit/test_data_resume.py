@@ -81,8 +81,12 @@ def test_every_row_once_across_resizes(shuffle: bool, drop_last: bool, trial: in
         batch_size = max(1, batch_size - 1)
         sizes = [min(s, total // batch_size) for s in sizes]
     order = dict(
-        batch_size=batch_size, drop_last=drop_last, epoch=int(rng.integers(0, 4)), seed=11,
-        shuffle=shuffle, window=int(rng.integers(1, 4)),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        epoch=int(rng.integers(0, 4)),
+        seed=11,
+        shuffle=shuffle,
+        window=int(rng.integers(1, 4)),
     )
     reads: Counter[int] = Counter()
     stages: list = []
@@ -152,9 +156,7 @@ def test_next_epoch_is_unchanged_by_a_resize() -> None:
 def test_states_merge_into_one_place_for_any_size() -> None:
     config = {"rows": 10}
     states = [
-        resume_state.shard_state(
-            config, epoch=2, stages=[], shard_count=3, shard=s, rows=4, end=3
-        )
+        resume_state.shard_state(config, epoch=2, stages=[], shard_count=3, shard=s, rows=4, end=3)
         for s in (2, 0, 1)
     ]
     merged = resume_state.merge(states)
@@ -181,7 +183,9 @@ def test_states_merge_into_one_place_for_any_size() -> None:
 def test_incomplete_or_foreign_states_are_refused(states: str, match: str) -> None:
     config = {"rows": 10}
     made = [
-        resume_state.shard_state(config, epoch=2, stages=[], shard_count=3, shard=s, rows=4, end=None)
+        resume_state.shard_state(
+            config, epoch=2, stages=[], shard_count=3, shard=s, rows=4, end=None
+        )
         for s in (2, 0, 1)
     ]
     given = {

@@ -56,7 +56,7 @@ def test_stop_at_four_shards_resume_at_another_size(
 
     # Epoch 1 is the one an uninterrupted run at the new size reads.
     plain = loaders(converter, new_size, **options)
-    for ids, loader in zip(rest, plain):
+    for ids, loader in zip(rest, plain, strict=True):
         loader.set_epoch(1)
         with loader:
             expected = [int(i) for batch in loader for i in batch["id"]][: ROWS // new_size]
@@ -66,7 +66,9 @@ def test_stop_at_four_shards_resume_at_another_size(
 def test_same_size_resumes_each_rank_from_its_own_state(tmp_path: Path) -> None:
     converter = write_ids(tmp_path / "data", 50)
     options = dict(batch_size=4, num_epochs=1, seed=2)
-    whole = [list(take(loader, loader.batches_per_epoch)) for loader in loaders(converter, 2, **options)]
+    whole = [
+        list(take(loader, loader.batches_per_epoch)) for loader in loaders(converter, 2, **options)
+    ]
     killed = loaders(converter, 2, **options)
     heads = [take(loader, 2) for loader in killed]
     states = [loader.state_dict() for loader in killed]
@@ -126,5 +128,7 @@ def test_state_of_other_settings_is_refused(tmp_path: Path) -> None:
         other.load_state_dict(state)
     assert np.array_equal(
         next(iter(other))["id"].numpy(),
-        next(iter(converter.make_torch_dataloader(batch_size=4, cur_shard=0, shard_count=1, seed=1)))["id"].numpy(),
+        next(
+            iter(converter.make_torch_dataloader(batch_size=4, cur_shard=0, shard_count=1, seed=1))
+        )["id"].numpy(),
     )  # refused without changing the loader's place
