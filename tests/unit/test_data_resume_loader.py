@@ -132,3 +132,34 @@ def test_state_of_other_settings_is_refused(tmp_path: Path) -> None:
             iter(converter.make_torch_dataloader(batch_size=4, cur_shard=0, shard_count=1, seed=1))
         )["id"].numpy(),
     )  # refused without changing the loader's place
+
+
+def test_checkpoint_saves_the_loader_beside_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparktrain import checkpoint
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv(checkpoint.RUN_ID_ENV, "run-resume")
+    converter = write_ids(tmp_path / "data", 60)
+    old = loaders(converter, 3, batch_size=4, num_epochs=1, seed=6)
+    heads = [take(loader, 2) for loader in old]
+    where = tmp_path / "ckpt"
+    # One process stands for three ranks here: it passes their states itself.
+    checkpoint.save({"w": torch.ones(2)}, where, 5, loader=[o.state_dict() for o in old])
+    ckpt = checkpoint.load_latest(where)  # weights_only=True reads the loader's entry
+    assert ckpt is not None and ckpt.state["loader"]["stages"] == [[3, [8, 8, 8]]]
+    rest = []
+    for loader in loaders(converter, 2, batch_size=4, num_epochs=1, seed=6):
+        loader.load_state_dict(ckpt.state["loader"])
+        with loader:
+            rest.extend(int(i) for batch in loader for i in batch["id"])
+    assert sorted(rest + [i for head in heads for i in head]) == list(range(60))
+
+    with pytest.raises(ConfigurationError, match=r"there is none of several ranks; call"):
+        checkpoint.save({"w": 1}, where, 6, loader=old[0])
+    with pytest.raises(ConfigurationError, match=r"the state must be a dict"):
+        checkpoint.save(torch.ones(1), where, 6, loader=old[0])
+    with pytest.raises(ConfigurationError, match=r"already has a 'loader' entry"):
+        checkpoint.save({"loader": 1}, where, 6, loader=old[0])
+    assert checkpoint.load_latest(where).step == 5  # type: ignore[union-attr]  # nothing saved
