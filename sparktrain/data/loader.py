@@ -27,7 +27,7 @@ from sparktrain.data import resume_state
 from sparktrain.data.batching import Arrays, Window, cut
 from sparktrain.data.columns import ColumnKind, to_numpy
 from sparktrain.data.prefetch import Background
-from sparktrain.data.resharding import Stage, StagePlan, plan_stage, windows
+from sparktrain.data.resharding import Stage, StagePlan, pieces_digest, plan_stage, windows
 from sparktrain.data.sharding import (
     Segment,
     row_order_in_piece,
@@ -203,7 +203,7 @@ class TorchDataLoader:
         self._resume: tuple[int, list[Stage], int, int | None] | None = None
         self._config = {
             "rows": len(dataset),
-            "pieces": len(self._piece_rows),
+            "pieces": pieces_digest(self._piece_rows),
             "batch_size": batch_size,
             "drop_last": drop_last,
             "shuffle": shuffle,
@@ -212,12 +212,25 @@ class TorchDataLoader:
         }
 
     def __len__(self) -> int:
+        """Batches the next pass yields (after a restore: the rest of the restored pass)."""
         if self._num_epochs is None:
             raise TypeError(
                 "a loader with num_epochs=None is endless and has no len(); use "
                 "loader.batches_per_epoch"
             )
-        return self._num_epochs * self.batches_per_epoch
+        if self._resume is None:
+            return self._num_epochs * self.batches_per_epoch
+        epoch, stages, skip, end = self._resume
+        cursor = resume_state.Cursor(
+            self._plan,
+            epoch=epoch,
+            stages=stages,
+            skip=skip,
+            end=end,
+            batch_size=self._batch_size,
+        )
+        later = (end if end is not None else cursor.epoch + 1) - cursor.epoch - 1
+        return max(cursor.left(), 0) + later * self.batches_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass start at ``epoch`` (its shuffle); call it on every rank.

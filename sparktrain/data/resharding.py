@@ -12,11 +12,12 @@ function of the stage, the shard and ``r``. A stage is therefore described by it
 and the rows each shard has served, and an epoch's progress by its list of stages: a few
 integers per shard, never a list of rows.
 
-Positions sets are kept as sorted, disjoint half-open spans (two int64 arrays).
+Sets of positions are kept as sorted, disjoint half-open spans (two int64 arrays).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +27,12 @@ from sparktrain.data.sharding import Segment, piece_visit_order, shard_size, win
 Spans = tuple[np.ndarray, np.ndarray]
 # A finished stage: (shard count, rows each shard served).
 Stage = tuple[int, tuple[int, ...]]
+
+
+def pieces_digest(piece_rows: Sequence[int]) -> str:
+    """A short digest of the pieces' row counts: a saved place fits only the same pieces."""
+    text = ",".join(str(int(rows)) for rows in piece_rows)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def spans_of(starts: Sequence[int], stops: Sequence[int]) -> Spans:

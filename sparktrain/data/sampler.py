@@ -12,7 +12,7 @@ import numpy as np
 import torch.utils.data
 
 from sparktrain.data import resume_state
-from sparktrain.data.resharding import Stage, StagePlan, plan_stage, windows
+from sparktrain.data.resharding import Stage, StagePlan, pieces_digest, plan_stage, windows
 from sparktrain.data.sharding import row_order_in_piece, validate_shard
 from sparktrain.errors import ConfigurationError
 
@@ -86,7 +86,7 @@ class ResumableDistributedSampler(torch.utils.data.Sampler[int]):
         self._pass: tuple[int, list[Stage], int, int, int | None] | None = None
         self._config = {
             "rows": size,
-            "pieces": 1,
+            "pieces": pieces_digest([size]),
             "batch_size": 1,
             "drop_last": drop_last,
             "shuffle": shuffle,

@@ -163,3 +163,18 @@ def test_checkpoint_saves_the_loader_beside_the_model(
     with pytest.raises(ConfigurationError, match=r"already has a 'loader' entry"):
         checkpoint.save({"loader": 1}, where, 6, loader=old[0])
     assert checkpoint.load_latest(where).step == 5  # type: ignore[union-attr]  # nothing saved
+
+
+def test_len_after_a_restore_counts_the_rest(tmp_path: Path) -> None:
+    converter = write_ids(tmp_path / "data", 40)
+    old = loaders(converter, 2, batch_size=5, num_epochs=2)
+    for loader in old:
+        take(loader, 3)
+    states = [loader.state_dict() for loader in old]
+    new = converter.make_torch_dataloader(batch_size=5, cur_shard=0, shard_count=1, num_epochs=2)
+    assert len(new) == 16
+    new.load_state_dict(states)
+    # 40 - 30 rows left of epoch 0 (2 batches on one rank), then epoch 1 whole (8).
+    assert len(new) == 10
+    with new:
+        assert len(list(new)) == 10
