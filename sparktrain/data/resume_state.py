@@ -46,8 +46,33 @@ def shard_state(
 
 
 def stages_of(state: Mapping[str, Any]) -> list[Stage]:
-    """The finished stages of a state, as tuples."""
-    return [(int(count), tuple(int(r) for r in served)) for count, served in state["stages"]]
+    """The finished stages of a state, as tuples.
+
+    Raises:
+        ConfigurationError: the stages are malformed (a damaged or hand-made state).
+    """
+    stages: list[Stage] = []
+    try:
+        for count, served in state["stages"]:
+            stage = (_natural(count), tuple(_natural(rows) for rows in served))
+            if stage[0] < 1 or len(stage[1]) != stage[0]:
+                raise ValueError(stage)
+            stages.append(stage)
+        for key in ("epoch", "rows"):
+            if key in state:
+                _natural(state[key])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"the loader state is damaged (its stages or counts do not add up: {exc!r}); "
+            f"pass what state_dict() returned or the 'loader' entry of a checkpoint"
+        ) from exc
+    return stages
+
+
+def _natural(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return value
 
 
 def merge(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

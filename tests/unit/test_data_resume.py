@@ -236,3 +236,16 @@ def test_sampler_resumes_at_another_size(shuffle: bool, drop_last: bool) -> None
         plain = ResumableDistributedSampler(size, 3, rank, **options)  # type: ignore[arg-type]
         plain.set_epoch(3)
         assert list(sampler) == list(plain)
+
+
+@pytest.mark.parametrize(
+    "stages", [[[2, [4]]], [[0, []]], [[2, [4, -1]]], [["2", [4, 4]]], [[2]], "x"]
+)
+def test_damaged_stages_are_refused(stages: object) -> None:
+    config = {"rows": 10}
+    state = resume_state.shard_state(
+        config, epoch=1, stages=[], shard_count=2, shard=0, rows=0, end=None
+    )
+    merged = {**resume_state.merge([state, {**state, "shard": 1}]), "stages": stages}
+    with pytest.raises(ConfigurationError, match=r"the loader state is damaged"):
+        resume_state.pending(merged, config=config, shard_count=3, shard=0, what="loader")
