@@ -408,17 +408,22 @@ class TorchDataLoader:
         index: dict[int, int] = {}  # piece -> its part (a resumed epoch may cut a piece up)
         rows: list[np.ndarray] = []
         owners: list[int] = []
+        local: dict[int, np.ndarray] = {}  # each piece's row order, computed once
         for segment in segments:
             if segment.piece not in index:
                 table = reader.read(segment.piece)
                 index[segment.piece] = len(parts)
                 parts.append(self._convert(table))
-            count = self._piece_rows[segment.piece]
-            order = row_order_in_piece(
-                count, piece=segment.piece, epoch=epoch, seed=self._seed, shuffle=self._shuffle
-            )
-            local = np.arange(count) if order is None else order
-            rows.append(local[segment.start : segment.stop])
+                count = self._piece_rows[segment.piece]
+                order = row_order_in_piece(
+                    count,
+                    piece=segment.piece,
+                    epoch=epoch,
+                    seed=self._seed,
+                    shuffle=self._shuffle,
+                )
+                local[segment.piece] = np.arange(count) if order is None else order
+            rows.append(local[segment.piece][segment.start : segment.stop])
             owners.append(index[segment.piece])
         row_of = np.concatenate(rows)
         mix = (

@@ -164,8 +164,25 @@ class EpochOrder:
 
 
 def windows(segments: Sequence[Segment], window: int) -> list[Sequence[Segment]]:
-    """A shard's segments grouped into the windows it reads and mixes together."""
-    return [segments[i : i + window] for i in range(0, len(segments), window)]
+    """A shard's segments grouped into the windows it reads and mixes together.
+
+    A window holds ``window`` runs of segments of one piece: in an ordinary epoch a run is one
+    segment, in a resumed one the rows left of a piece may be cut into many, which are still
+    read together (a piece is read once per window).
+    """
+    groups: list[Sequence[Segment]] = []
+    current: list[Segment] = []
+    runs, last = 0, -1
+    for segment in segments:
+        if segment.piece != last:
+            if runs == window:
+                groups.append(current)
+                current, runs = [], 0
+            runs, last = runs + 1, segment.piece
+        current.append(segment)
+    if current:
+        groups.append(current)
+    return groups
 
 
 class StagePlan:
