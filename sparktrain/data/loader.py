@@ -199,6 +199,7 @@ class TorchDataLoader:
         )
         self._next_epoch = 0
         self._pass: _Pass | None = None
+        self._closed: resume_state.Cursor | None = None
         # (epoch, finished stages, rows already served, end) for the next pass, once restored.
         self._resume: tuple[int, list[Stage], int, int | None] | None = None
         self._config = {
@@ -242,6 +243,7 @@ class TorchDataLoader:
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         self._next_epoch = epoch
+        self._closed = None
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's place in its epochs, as a small dict (torchdata's protocol).
@@ -254,6 +256,8 @@ class TorchDataLoader:
         """
         if self._pass is not None:
             return self._pass.cursor.state(self._config, self.shard_count, self.cur_shard)
+        if self._resume is None and self._closed is not None:  # where a closed pass stood
+            return self._closed.state(self._config, self.shard_count, self.cur_shard)
         if self._resume is not None:
             epoch, stages, rows, end = self._resume
         else:
@@ -346,12 +350,18 @@ class TorchDataLoader:
         if self._prefetch:
             batches = Background(batches, self._prefetch, "sparktrain-data-batch")
         self._pass = _Pass(batches, cursor, *reader)
+        self._closed = None
         return self._pass
 
     def close(self) -> None:
-        """Stop the current pass's background threads and close its files."""
+        """Stop the current pass's background threads and close its files.
+
+        :meth:`state_dict` still says where the pass stood, until the next pass or
+        :meth:`set_epoch`.
+        """
         if self._pass is not None:
             self._pass.close()
+            self._closed = self._pass.cursor
             self._pass = None
 
     def __enter__(self) -> TorchDataLoader:

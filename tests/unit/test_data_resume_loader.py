@@ -178,3 +178,14 @@ def test_len_after_a_restore_counts_the_rest(tmp_path: Path) -> None:
     assert len(new) == 10
     with new:
         assert len(list(new)) == 10
+
+
+def test_state_after_leaving_a_pass_early_is_where_it_stood(tmp_path: Path) -> None:
+    converter = write_ids(tmp_path / "data", 40)
+    with converter.make_torch_dataloader(batch_size=5, cur_shard=0, shard_count=2) as loader:
+        for step, _batch in enumerate(loader, 1):
+            if step == 2:
+                break
+    assert loader.state_dict()["rows"] == 10  # after the with block closed the pass
+    loader.set_epoch(1)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["rows"]) == (1, 0)
