@@ -14,10 +14,9 @@ makes batches (and runs ``transform``) ahead of the caller.
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +24,8 @@ import torch
 
 from sparktrain.data import resume_state
 from sparktrain.data.batching import Arrays, Window, cut
-from sparktrain.data.columns import ColumnKind, to_numpy
+from sparktrain.data.columns import to_numpy
+from sparktrain.data.passes import Pass, PieceReader, Source
 from sparktrain.data.prefetch import Background
 from sparktrain.data.resharding import Stage, StagePlan, pieces_digest, plan_stage, windows
 from sparktrain.data.sharding import (
@@ -35,92 +35,7 @@ from sparktrain.data.sharding import (
     validate_shard,
     window_order,
 )
-from sparktrain.errors import ConfigurationError, SparkTrainError
-
-
-class Source(Protocol):
-    """What a loader reads: a :class:`~sparktrain.data.dataset.SparkDatasetConverter`, which
-    makes loaders (so this module names what it needs of one instead of importing it)."""
-
-    @property
-    def pieces(self) -> tuple[tuple[int, int, int], ...]:
-        """``(file index, row group, rows)`` of every non-empty row group."""
-
-    @property
-    def dtype(self) -> str | None:
-        """Float dtype of floating-point columns in batches (None: keep)."""
-
-    def __len__(self) -> int:
-        """Rows in all."""
-
-    def column_kinds(self, columns: Sequence[str] | None = None) -> dict[str, ColumnKind]:
-        """The kind of each requested column, checking names and types."""
-
-    def open_file(self, index: int) -> tuple[Any, Any]:
-        """Open file ``index``: the Parquet file and a handle to close."""
-
-
-# Parquet files kept open per pass (pieces of one file are often visited close together).
-_OPEN_FILES = 4
-
-
-class _Pass(Iterator[Any]):
-    """One pass over the loader; a newer pass stops it, and then it raises if used."""
-
-    def __init__(
-        self, batches: Iterator[Any], cursor: resume_state.Cursor, *threads: Background[Any]
-    ) -> None:
-        # The read-ahead thread behind ``batches`` is closed by name as well: closing a
-        # generator that never ran does not run its ``finally``, which would close it.
-        self._batches = batches
-        self.cursor = cursor
-        self._stages: tuple[Iterator[Any], ...] = (batches, *threads)
-        self._superseded = False
-
-    def __next__(self) -> Any:
-        if self._superseded:
-            raise SparkTrainError(
-                "this pass over the data loader was stopped because a newer pass started "
-                "(iter(loader) was called again); use one iterator per loader at a time, or "
-                "make a second loader"
-            )
-        batch = next(self._batches)
-        self.cursor.served_batch()
-        return batch
-
-    def close(self, superseded: bool = False) -> None:
-        """Stop the pass's threads and close its files."""
-        self._superseded = superseded
-        for stage in self._stages:
-            close = getattr(stage, "close", None)
-            if close is not None:
-                close()
-
-
-class _PieceReader:
-    """Reads row groups of a dataset, keeping the last few files open."""
-
-    def __init__(self, dataset: Source, columns: Sequence[str]) -> None:
-        self._dataset = dataset
-        self._columns = list(columns)
-        self._open: collections.OrderedDict[int, tuple[Any, Any]] = collections.OrderedDict()
-
-    def read(self, piece: int) -> pa.Table:
-        file_index, group, _ = self._dataset.pieces[piece]
-        if file_index in self._open:
-            self._open.move_to_end(file_index)
-        else:
-            self._open[file_index] = self._dataset.open_file(file_index)
-            if len(self._open) > _OPEN_FILES:
-                _, (_, handle) = self._open.popitem(last=False)
-                handle.close()
-        parquet, _ = self._open[file_index]
-        return parquet.read_row_group(group, columns=self._columns)
-
-    def close(self) -> None:
-        while self._open:
-            _, (_, handle) = self._open.popitem()
-            handle.close()
+from sparktrain.errors import ConfigurationError
 
 
 class TorchDataLoader:
@@ -198,7 +113,7 @@ class TorchDataLoader:
             len(dataset), shard_count, batch_size, drop_last
         )
         self._next_epoch = 0
-        self._pass: _Pass | None = None
+        self._pass: Pass | None = None
         self._closed: resume_state.Cursor | None = None
         # (epoch, finished stages, rows already served, end) for the next pass, once restored.
         self._resume: tuple[int, list[Stage], int, int | None] | None = None
@@ -349,7 +264,7 @@ class TorchDataLoader:
         batches: Iterator[Any] = self._batches(windows)
         if self._prefetch:
             batches = Background(batches, self._prefetch, "sparktrain-data-batch")
-        self._pass = _Pass(batches, cursor, *reader)
+        self._pass = Pass(batches, cursor, *reader)
         self._closed = None
         return self._pass
 
@@ -372,7 +287,7 @@ class TorchDataLoader:
 
     def _windows(self, epochs: Iterable[int], first: StagePlan, skip: int) -> Iterator[Window]:
         """The windows of ``epochs``; the first follows ``first``, less ``skip`` served rows."""
-        reader = _PieceReader(self._dataset, list(self._kinds))
+        reader = PieceReader(self._dataset, list(self._kinds))
         shapes: dict[str, tuple[int, ...]] = {}
         try:
             for epoch in epochs:
@@ -404,7 +319,7 @@ class TorchDataLoader:
             reader.close()
 
     def _read_window(
-        self, reader: _PieceReader, segments: Sequence[Segment], epoch: int, number: int
+        self, reader: PieceReader, segments: Sequence[Segment], epoch: int, number: int
     ) -> Window:
         """Read a window's segments; when shuffling, mix their rows with a seeded order.
 
