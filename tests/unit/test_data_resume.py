@@ -76,7 +76,8 @@ def test_every_row_once_across_resizes(shuffle: bool, drop_last: bool, trial: in
     pieces = [int(n) for n in rng.integers(1, 30, size=int(rng.integers(1, 9)))]
     total = sum(pieces)
     batch_size = min(int(rng.integers(1, 5)), total)
-    sizes = [int(n) for n in rng.integers(1, 9, size=3)]  # e.g. 4 ranks -> 2 -> 3
+    # e.g. 4 ranks -> 2 -> 3; across the trials every size from 1 to 8 stops and resumes.
+    sizes = [trial % 8 + 1, 8 - trial % 8, int(rng.integers(1, 9))]
     while drop_last and total < max(sizes) * batch_size:
         batch_size = max(1, batch_size - 1)
         sizes = [min(s, total // batch_size) for s in sizes]
