@@ -250,3 +250,26 @@ def test_damaged_stages_are_refused(stages: object) -> None:
     merged = {**resume_state.merge([state, {**state, "shard": 1}]), "stages": stages}
     with pytest.raises(ConfigurationError, match=r"the loader state is damaged"):
         resume_state.pending(merged, config=config, shard_count=3, shard=0, what="loader")
+
+
+def test_sampler_in_a_torch_dataloader() -> None:
+    import torch
+
+    from sparktrain.data import ResumableDistributedSampler
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(50))
+    taken: list[int] = []
+    states = []
+    for rank in range(2):
+        sampler = ResumableDistributedSampler(dataset, 2, rank, seed=9)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)
+        it = iter(loader)
+        taken += [int(i) for _ in range(3) for i in next(it)[0]]
+        states.append(sampler.state_dict())  # no worker processes: what the loop took
+    assert [state["rows"] for state in states] == [12, 12]
+    sampler = ResumableDistributedSampler(dataset, 1, 0, seed=9)
+    sampler.load_state_dict(states)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)
+    assert len(loader) == 7  # 26 indices left
+    rest = [int(i) for batch in loader for i in batch[0]]
+    assert sorted(taken + rest) == list(range(50))
