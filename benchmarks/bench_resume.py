@@ -7,8 +7,8 @@ On the same files in the same run, each round measures:
   the plan of an ordinary epoch at ``--new`` shards;
 * ``first batch``: a loader restored from the old shards' states, from ``iter()`` to its first
   batch (planning, reading the first window, skipping nothing), against a fresh loader's;
-* ``epoch rest``: the rows per second of reading the rest of the epoch after the restore,
-  against a fresh loader's rows per second over a whole epoch.
+* ``epoch rest``: the time per row of the restored loader after its first batch, against a
+  fresh loader's after its first batch over a whole epoch.
 
 Each line is a ratio against the ordinary case (above 1: the resumed case is slower), the
 median over the rounds and their spread. It also prints the state's size as JSON. Times are
@@ -84,10 +84,11 @@ def one_round(converter: SparkDatasetConverter, args: argparse.Namespace) -> dic
     fresh = loader(converter, args.new, 0, args.batch)
     start = time.perf_counter()
     it = iter(fresh)
-    rows = len(next(it)["id"])
+    ids = [next(it)["id"]]
     fresh_first = time.perf_counter() - start
-    rows += sum(len(b["id"]) for b in it)
-    fresh_rate = rows / (time.perf_counter() - start)
+    start = time.perf_counter()
+    ids += [b["id"] for b in it]
+    fresh_rate = sum(len(b) for b in ids[1:]) / (time.perf_counter() - start)
     fresh.close()
 
     rest: list[int] = []
@@ -97,19 +98,21 @@ def one_round(converter: SparkDatasetConverter, args: argparse.Namespace) -> dic
         resumed.load_state_dict(states)
         start = time.perf_counter()
         it = iter(resumed)
-        batch = next(it)["id"].tolist()
+        batches = [next(it)["id"]]
         if shard == 0:
             first = time.perf_counter() - start
-        rest += batch + [i for b in it for i in b["id"].tolist()]
+        start = time.perf_counter()
+        batches += [b["id"] for b in it]  # the same work per batch as the fresh loop's
         if shard == 0:
-            rate = len(rest) / (time.perf_counter() - start)
+            rate = sum(len(b) for b in batches[1:]) / (time.perf_counter() - start)
+        rest += [int(i) for b in batches for i in b]
         resumed.close()
     require(
         set(rest) | seen == set(range(len(converter))) and not set(rest) & seen,
         "the resumed shards did not read exactly the rows the epoch had left",
     )
     out["first batch"] = first / fresh_first
-    out["epoch rest (time per row)"] = fresh_rate / rate
+    out["after the first batch, per row"] = fresh_rate / rate
     out["state bytes"] = float(len(json.dumps(states[0])))
     return out
 
