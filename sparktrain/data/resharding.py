@@ -54,7 +54,9 @@ def positions(spans: Spans) -> np.ndarray:
 
 def spans_from_positions(values: np.ndarray) -> Spans:
     """Sorted, merged spans covering exactly the (distinct) ``values``."""
-    values = np.unique(values)
+    values = np.sort(values)
+    if values.size > 1:  # drop repeats (a padded shard may read a position twice)
+        values = values[np.r_[True, values[1:] != values[:-1]]]
     if not values.size:
         return spans_of([], [])
     breaks = np.flatnonzero(np.diff(values) != 1) + 1
@@ -82,7 +84,8 @@ def subtract(keep: Spans, drop: Spans) -> Spans:
     """Positions of ``keep`` that are not in ``drop`` (both sorted and disjoint)."""
     if not len(keep[0]) or not len(drop[0]):
         return keep
-    points = np.unique(np.concatenate([keep[0], keep[1], drop[0], drop[1]]))
+    points = np.sort(np.concatenate([keep[0], keep[1], drop[0], drop[1]]))
+    points = points[np.r_[True, points[1:] != points[:-1]]]
     lo = points[:-1]
 
     def inside(spans: Spans) -> np.ndarray:
@@ -97,17 +100,20 @@ def subtract(keep: Spans, drop: Spans) -> Spans:
 def take(stream: Spans, start: int, stop: int) -> list[tuple[int, int]]:
     """Positions at stream indices ``[start, stop)``, wrapping past the end, as runs in order."""
     total = span_rows(stream)
-    sizes = stream[1] - stream[0]
-    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    offsets = np.concatenate(([0], np.cumsum(stream[1] - stream[0])))
     runs: list[tuple[int, int]] = []
     index = start
-    while index < stop:
+    while index < stop:  # one chunk per lap around the stream (padding wraps)
         at = index % total
-        k = int(np.searchsorted(offsets, at, side="right")) - 1
-        length = min(stop - index, int(sizes[k]) - (at - int(offsets[k])))
-        begin = int(stream[0][k]) + at - int(offsets[k])
-        runs.append((begin, begin + length))
-        index += length
+        end = min(total, at + stop - index)
+        first = int(np.searchsorted(offsets, at, side="right")) - 1
+        last = int(np.searchsorted(offsets, end - 1, side="right")) - 1
+        lo = stream[0][first : last + 1].copy()
+        hi = stream[1][first : last + 1].copy()
+        lo[0] += at - offsets[first]
+        hi[-1] -= offsets[last + 1] - end
+        runs.extend(zip(lo.tolist(), hi.tolist(), strict=True))
+        index += end - at
     return runs
 
 
@@ -147,8 +153,22 @@ class EpochOrder:
     def segments(self, runs: Sequence[tuple[int, int]]) -> list[Segment]:
         """Runs of positions cut at piece boundaries, as segments (positions within a piece)."""
         out: list[Segment] = []
-        for lo, hi in runs:
-            k = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        if not runs:
+            return out
+        bounds = np.asarray(runs, dtype=np.int64)
+        first = np.searchsorted(self.starts, bounds[:, 0], side="right") - 1
+        last = np.searchsorted(self.starts, bounds[:, 1] - 1, side="right") - 1
+        for lo, hi, k, k_last in zip(
+            bounds[:, 0].tolist(),
+            bounds[:, 1].tolist(),
+            first.tolist(),
+            last.tolist(),
+            strict=True,
+        ):
+            if k == k_last:  # most runs lie within one piece
+                base = int(self.starts[k])
+                out.append(Segment(int(self.order[k]), lo - base, hi - base))
+                continue
             while lo < hi:
                 piece = int(self.order[k])
                 end = min(hi, int(self.starts[k + 1]))
