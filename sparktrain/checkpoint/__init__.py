@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.checkpoint import _commit, _owner, layout
+from sparktrain.checkpoint import _commit, _loader, _owner, layout
 from sparktrain.checkpoint._errors import (
     CheckpointError,
     CheckpointOwnershipError,
@@ -113,6 +113,7 @@ def save(
     storage_options: Mapping[str, Any] | None = None,
     take_over: bool = False,
     shared: bool = False,
+    loader: Any = None,
 ) -> str | None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, on rank 0 only.
 
@@ -146,6 +147,12 @@ def save(
             checked once per run: rank 0 writes a marker file there (in
             ``.sparktrain-shared/``) and every rank on another host must see it within the
             run's ``start_timeout``, else ConfigurationError names the hosts.
+        loader: the data loader (``make_torch_dataloader``) or
+            :class:`~sparktrain.data.ResumableDistributedSampler`, or its ``state_dict()``:
+            the states of all ranks are joined into the epoch's place, saved as
+            ``state["loader"]`` (``state`` must be a dict), which ``load_state_dict`` of a
+            later run takes up at any number of ranks. Every rank must then call ``save``
+            at the same step, and rank 0 waits for the others' states.
 
     Returns:
         The path or URL of the checkpoint's data file on rank 0; None on other ranks.
@@ -166,8 +173,13 @@ def save(
     """
     where = _directory(directory)
     _check_save_args(step, keep_last)
+    if loader is not None:
+        _loader.check_state(state)
     store = _Store(where, storage_options)
     check_shared(where, store.root if store.fs is None else None, shared)
+    if loader is not None:
+        merged = _loader.gathered(_loader.own_state(loader), where, step)
+        state = {**state, _loader.KEY: merged}
     if context.rank() != 0:
         _commit.wait(where, step)
         return None

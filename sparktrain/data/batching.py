@@ -46,6 +46,16 @@ class Window:
     last: bool
     batches: int
 
+    def drop_first(self, rows: int) -> None:
+        """Leave out the first ``rows`` served rows (served before a restore)."""
+        if self.row_of is None:
+            self.parts = [{name: values[rows:] for name, values in self.parts[0].items()}]
+        else:
+            self.row_of = self.row_of[rows:]
+            if self.part_of is not None:
+                self.part_of = self.part_of[rows:]
+        self.rows -= rows
+
     def fill(self, out: Arrays, lo: int, hi: int, at: int) -> None:
         """Copy served rows ``lo:hi`` of every column into ``out`` from row ``at`` on."""
         stop = at + hi - lo

@@ -14,107 +14,28 @@ makes batches (and runs ``transform``) ahead of the caller.
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from sparktrain.data import resume_state
 from sparktrain.data.batching import Arrays, Window, cut
-from sparktrain.data.columns import ColumnKind, to_numpy
+from sparktrain.data.columns import to_numpy
+from sparktrain.data.passes import Pass, PieceReader, Source
 from sparktrain.data.prefetch import Background
+from sparktrain.data.resharding import Stage, StagePlan, pieces_digest, plan_stage, windows
 from sparktrain.data.sharding import (
     Segment,
-    plan_shard,
     row_order_in_piece,
     shard_size,
     validate_shard,
     window_order,
 )
-from sparktrain.errors import ConfigurationError, SparkTrainError
-
-
-class Source(Protocol):
-    """What a loader reads: a :class:`~sparktrain.data.dataset.SparkDatasetConverter`, which
-    makes loaders (so this module names what it needs of one instead of importing it)."""
-
-    @property
-    def pieces(self) -> tuple[tuple[int, int, int], ...]:
-        """``(file index, row group, rows)`` of every non-empty row group."""
-
-    @property
-    def dtype(self) -> str | None:
-        """Float dtype of floating-point columns in batches (None: keep)."""
-
-    def __len__(self) -> int:
-        """Rows in all."""
-
-    def column_kinds(self, columns: Sequence[str] | None = None) -> dict[str, ColumnKind]:
-        """The kind of each requested column, checking names and types."""
-
-    def open_file(self, index: int) -> tuple[Any, Any]:
-        """Open file ``index``: the Parquet file and a handle to close."""
-
-
-# Parquet files kept open per pass (pieces of one file are often visited close together).
-_OPEN_FILES = 4
-
-
-class _Pass(Iterator[Any]):
-    """One pass over the loader; a newer pass stops it, and then it raises if used."""
-
-    def __init__(self, batches: Iterator[Any], *threads: Background[Any]) -> None:
-        # The read-ahead thread behind ``batches`` is closed by name as well: closing a
-        # generator that never ran does not run its ``finally``, which would close it.
-        self._batches = batches
-        self._stages: tuple[Iterator[Any], ...] = (batches, *threads)
-        self._superseded = False
-
-    def __next__(self) -> Any:
-        if self._superseded:
-            raise SparkTrainError(
-                "this pass over the data loader was stopped because a newer pass started "
-                "(iter(loader) was called again); use one iterator per loader at a time, or "
-                "make a second loader"
-            )
-        return next(self._batches)
-
-    def close(self, superseded: bool = False) -> None:
-        """Stop the pass's threads and close its files."""
-        self._superseded = superseded
-        for stage in self._stages:
-            close = getattr(stage, "close", None)
-            if close is not None:
-                close()
-
-
-class _PieceReader:
-    """Reads row groups of a dataset, keeping the last few files open."""
-
-    def __init__(self, dataset: Source, columns: Sequence[str]) -> None:
-        self._dataset = dataset
-        self._columns = list(columns)
-        self._open: collections.OrderedDict[int, tuple[Any, Any]] = collections.OrderedDict()
-
-    def read(self, piece: int) -> pa.Table:
-        file_index, group, _ = self._dataset.pieces[piece]
-        if file_index in self._open:
-            self._open.move_to_end(file_index)
-        else:
-            self._open[file_index] = self._dataset.open_file(file_index)
-            if len(self._open) > _OPEN_FILES:
-                _, (_, handle) = self._open.popitem(last=False)
-                handle.close()
-        parquet, _ = self._open[file_index]
-        return parquet.read_row_group(group, columns=self._columns)
-
-    def close(self) -> None:
-        while self._open:
-            _, (_, handle) = self._open.popitem()
-            handle.close()
+from sparktrain.errors import ConfigurationError
 
 
 class TorchDataLoader:
@@ -192,34 +113,150 @@ class TorchDataLoader:
             len(dataset), shard_count, batch_size, drop_last
         )
         self._next_epoch = 0
-        self._pass: _Pass | None = None
+        self._pass: Pass | None = None
+        self._closed: resume_state.Cursor | None = None
+        # (epoch, finished stages, rows already served, end) for the next pass, once restored.
+        self._resume: tuple[int, list[Stage], int, int | None] | None = None
+        self._config = {
+            "rows": len(dataset),
+            "pieces": pieces_digest(self._piece_rows),
+            "batch_size": batch_size,
+            "drop_last": drop_last,
+            "shuffle": shuffle,
+            "seed": seed,
+            "shuffle_window": self._window,
+        }
 
     def __len__(self) -> int:
+        """Batches the next pass yields (after a restore: the rest of the restored pass)."""
         if self._num_epochs is None:
             raise TypeError(
                 "a loader with num_epochs=None is endless and has no len(); use "
                 "loader.batches_per_epoch"
             )
-        return self._num_epochs * self.batches_per_epoch
+        if self._resume is None:
+            return self._num_epochs * self.batches_per_epoch
+        epoch, stages, skip, end = self._resume
+        cursor = resume_state.Cursor(
+            self._plan,
+            epoch=epoch,
+            stages=stages,
+            skip=skip,
+            end=end,
+            batch_size=self._batch_size,
+        )
+        later = (end if end is not None else cursor.epoch + 1) - cursor.epoch - 1
+        return max(cursor.left(), 0) + later * self.batches_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass start at ``epoch`` (its shuffle); call it on every rank."""
+        """Make the next pass start at ``epoch`` (its shuffle); call it on every rank.
+
+        After :meth:`load_state_dict`, setting the restored epoch keeps the restored place in
+        it; setting another epoch starts that one from its beginning.
+        """
         _check_int("epoch", epoch, 0)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
         self._next_epoch = epoch
+        self._closed = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's place in its epochs, as a small dict (torchdata's protocol).
+
+        It counts the batches the caller has taken (not those read ahead): the epoch, the
+        rows this rank has served in it, the seed and the settings, never a list of rows.
+        Give it back to :meth:`load_state_dict` on the same rank, or join the states of all
+        ranks (``sparktrain.checkpoint.save(..., loader=loader)`` does) to resume at any
+        number of ranks.
+        """
+        if self._pass is not None:
+            return self._pass.cursor.state(self._config, self.shard_count, self.cur_shard)
+        if self._resume is None and self._closed is not None:  # where a closed pass stood
+            return self._closed.state(self._config, self.shard_count, self.cur_shard)
+        if self._resume is not None:
+            epoch, stages, rows, end = self._resume
+        else:
+            epoch, stages, rows, end = self._next_epoch, [], 0, None
+        return resume_state.shard_state(
+            self._config,
+            epoch=epoch,
+            stages=stages,
+            shard_count=self.shard_count,
+            shard=self.cur_shard,
+            rows=rows,
+            end=end,
+        )
+
+    def load_state_dict(self, state: Any) -> None:
+        """Make the next pass go on where a saved state left off.
+
+        Args:
+            state: this rank's own earlier :meth:`state_dict` (same shard and shard count),
+                or the states of every rank at one step (a list), or their merged state
+                (the ``"loader"`` entry of a checkpoint saved with ``loader=``). With all
+                ranks' places known, the rest of the epoch is split among this loader's
+                ranks, whatever their number: every row the epoch had left is read once
+                (padding aside, see :mod:`sparktrain.data.sharding`), in the epoch's shuffle
+                order, and later epochs are those of an uninterrupted run at this size.
+
+        Raises:
+            ConfigurationError: the state is not a loader state, was saved by a loader
+                with other settings or over other data, or is another rank's alone.
+        """
+        epoch, stages, rows, end = resume_state.pending(
+            state,
+            config=self._config,
+            shard_count=self.shard_count,
+            shard=self.cur_shard,
+            what="loader",
+        )
+        self.close()
+        self._next_epoch = epoch
+        finished = end is not None and epoch >= end
+        idle = not stages and not rows and end is None
+        self._resume = None if finished or idle else (epoch, stages, rows, end)
+
+    def _plan(self, epoch: int, stages: Sequence[Stage]) -> StagePlan:
+        return plan_stage(
+            self._piece_rows,
+            stages=stages,
+            shard_count=self.shard_count,
+            shard=self.cur_shard,
+            batch_size=self._batch_size,
+            drop_last=self._drop_last,
+            epoch=epoch,
+            seed=self._seed,
+            shuffle=self._shuffle,
+            window=self._window,
+        )
 
     def __iter__(self) -> Iterator[Any]:
-        start = self._next_epoch
-        epochs: Iterable[int]
-        if self._num_epochs is None:
-            epochs = itertools.count(start)
-        else:
-            epochs = range(start, start + self._num_epochs)
-            self._next_epoch = start + self._num_epochs
+        start, skip = self._next_epoch, 0
+        stages: list[Stage] = []
+        end: int | None = None
+        if self._resume is not None:
+            start, stages, skip, end = self._resume
+            self._resume = None
+        elif self._num_epochs is not None:
+            end = start + self._num_epochs
+        if end is not None:
+            self._next_epoch = end
+        cursor = resume_state.Cursor(
+            self._plan,
+            epoch=start,
+            stages=stages,
+            skip=skip,
+            end=end,
+            batch_size=self._batch_size,
+        )
+        epochs: Iterable[int] = (
+            itertools.count(cursor.epoch) if end is None else range(cursor.epoch, end)
+        )
         # One pass at a time keeps memory bounded: a pass left early (break) would otherwise
         # keep its threads and windows until the loader closes.
         if self._pass is not None:
             self._pass.close(superseded=True)
-        windows: Iterator[Window] = self._windows(epochs)
+        windows: Iterator[Window] = self._windows(epochs, cursor.plan, cursor.skip)
         reader: list[Background[Window]] = []
         if self._read_ahead:
             reader.append(Background(windows, 1, "sparktrain-data-read"))
@@ -227,13 +264,19 @@ class TorchDataLoader:
         batches: Iterator[Any] = self._batches(windows)
         if self._prefetch:
             batches = Background(batches, self._prefetch, "sparktrain-data-batch")
-        self._pass = _Pass(batches, *reader)
+        self._pass = Pass(batches, cursor, *reader)
+        self._closed = None
         return self._pass
 
     def close(self) -> None:
-        """Stop the current pass's background threads and close its files."""
+        """Stop the current pass's background threads and close its files.
+
+        :meth:`state_dict` still says where the pass stood, until the next pass or
+        :meth:`set_epoch`.
+        """
         if self._pass is not None:
             self._pass.close()
+            self._closed = self._pass.cursor
             self._pass = None
 
     def __enter__(self) -> TorchDataLoader:
@@ -242,27 +285,25 @@ class TorchDataLoader:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _windows(self, epochs: Iterable[int]) -> Iterator[Window]:
-        reader = _PieceReader(self._dataset, list(self._kinds))
+    def _windows(self, epochs: Iterable[int], first: StagePlan, skip: int) -> Iterator[Window]:
+        """The windows of ``epochs``; the first follows ``first``, less ``skip`` served rows."""
+        reader = PieceReader(self._dataset, list(self._kinds))
         shapes: dict[str, tuple[int, ...]] = {}
         try:
             for epoch in epochs:
-                plan = plan_shard(
-                    self._piece_rows,
-                    shard_count=self.shard_count,
-                    cur_shard=self.cur_shard,
-                    batch_size=self._batch_size,
-                    drop_last=self._drop_last,
-                    epoch=epoch,
-                    seed=self._seed,
-                    shuffle=self._shuffle,
-                )
-                groups = [
-                    plan.segments[i : i + self._window]
-                    for i in range(0, len(plan.segments), self._window)
-                ]
+                plan = first if epoch == first.order.epoch else self._plan(epoch, ())
+                left = skip if plan is first else 0
+                served_batches = left // self._batch_size
+                groups = windows(plan.segments, self._window)
                 for number, segments in enumerate(groups):
+                    size = sum(segment.rows for segment in segments)
+                    if left >= size:
+                        left -= size  # served before the restore: not read again
+                        continue
                     window = self._read_window(reader, segments, epoch, number)
+                    if left:
+                        window.drop_first(left)
+                        left = 0
                     for part in window.parts:
                         for name, values in part.items():
                             if shapes.setdefault(name, values.shape[1:]) != values.shape[1:]:
@@ -272,44 +313,55 @@ class TorchDataLoader:
                                     f"needs one array length or vector size per column"
                                 )
                     window.last = number == len(groups) - 1
-                    window.batches = plan.batches
+                    window.batches = plan.batches - served_batches
                     yield window
         finally:
             reader.close()
 
     def _read_window(
-        self, reader: _PieceReader, segments: Sequence[Segment], epoch: int, number: int
+        self, reader: PieceReader, segments: Sequence[Segment], epoch: int, number: int
     ) -> Window:
         """Read a window's segments; when shuffling, mix their rows with a seeded order.
 
         The columns stay as Arrow produced them (no copy); only the order is computed here.
         """
-        if not self._shuffle:
-            (segment,) = segments  # without shuffling a window is one segment
+        if not self._shuffle and len(segments) == 1:
+            (segment,) = segments
             table = reader.read(segment.piece).slice(segment.start, segment.rows)
             return Window(epoch, [self._convert(table)], None, None, segment.rows, False, 0)
         parts: list[Arrays] = []
+        index: dict[int, int] = {}  # piece -> its part (a resumed epoch may cut a piece up)
         rows: list[np.ndarray] = []
+        owners: list[int] = []
+        local: dict[int, np.ndarray] = {}  # each piece's row order, computed once
         for segment in segments:
-            table = reader.read(segment.piece)
-            order = row_order_in_piece(
-                table.num_rows,
-                piece=segment.piece,
-                epoch=epoch,
-                seed=self._seed,
-                shuffle=True,
-            )
-            local = np.arange(table.num_rows) if order is None else order
-            parts.append(self._convert(table))
-            rows.append(local[segment.start : segment.stop])
+            if segment.piece not in index:
+                table = reader.read(segment.piece)
+                index[segment.piece] = len(parts)
+                parts.append(self._convert(table))
+                count = self._piece_rows[segment.piece]
+                order = row_order_in_piece(
+                    count,
+                    piece=segment.piece,
+                    epoch=epoch,
+                    seed=self._seed,
+                    shuffle=self._shuffle,
+                )
+                local[segment.piece] = np.arange(count) if order is None else order
+            rows.append(local[segment.piece][segment.start : segment.stop])
+            owners.append(index[segment.piece])
         row_of = np.concatenate(rows)
-        mix = window_order(
-            len(row_of), window=number, shard=self.cur_shard, epoch=epoch, seed=self._seed
+        mix = (
+            window_order(
+                len(row_of), window=number, shard=self.cur_shard, epoch=epoch, seed=self._seed
+            )
+            if self._shuffle
+            else np.arange(len(row_of))
         )
         part_of = None
         if len(parts) > 1:
             sizes = [len(part_rows) for part_rows in rows]
-            part_of = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)[mix]
+            part_of = np.repeat(np.asarray(owners, dtype=np.int32), sizes)[mix]
         return Window(epoch, parts, row_of[mix], part_of, len(row_of), False, 0)
 
     def _convert(self, table: pa.Table) -> Arrays:
