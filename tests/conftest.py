@@ -8,6 +8,7 @@ import pkgutil
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -24,6 +25,7 @@ for _module in pkgutil.iter_modules(fixtures.__path__):
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
+EXECUTORS_WAIT_S = 240.0  # below a test's time limit, which the session's start counts against
 
 
 def spark_test_conf() -> dict[str, str]:
@@ -55,6 +57,29 @@ def _forget_earlier_sessions_conf() -> None:
             jvm.System.clearProperty(key)
 
 
+def wait_for_executors(session, count: int, seconds: float, logs) -> None:
+    """Wait until ``count`` executors have registered with ``session``'s driver; a
+    RuntimeError with ``logs()`` (what the executors printed) after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    tracker = session.sparkContext._jsc.sc().statusTracker()
+    while len(tracker.getExecutorInfos()) - 1 < count:  # the driver counts as one
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count} executors did not register in {seconds:.0f} s:\n{logs()}")
+        time.sleep(0.2)  # registration has no event Python can wait on
+
+
+def _local_executor_logs(session) -> str:
+    """The tail of each local-cluster executor's stderr (under SPARK_HOME/work/<app id>)."""
+    import pyspark
+
+    app = Path(pyspark.__file__).parent / "work" / session.sparkContext.applicationId
+    tails = [
+        f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        for log in sorted(app.glob("*/stderr"))
+    ]
+    return "\n".join(tails) or f"(no executor has written to {app} yet)"
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A local-cluster[2,1,1024] session: two executor JVMs, one core and one fake GPU each."""
@@ -72,6 +97,10 @@ def spark():
         patch.setenv("PYSPARK_PYTHON", sys.executable)
         session = builder.getOrCreate()
         jvm_pid = session.sparkContext._jvm.ProcessHandle.current().pid()
+        # The tests count on two slots from their first line: on a busy machine the executor
+        # JVMs take longer to start than a run's capacity wait allows (it counts from the
+        # session's start, as it should for a user), so the session is ready only with both.
+        wait_for_executors(session, 2, EXECUTORS_WAIT_S, lambda: _local_executor_logs(session))
         yield session
         session.stop()
     # conf/gpu-discovery.sh hands out fake GPU ids under a folder named after the JVM.

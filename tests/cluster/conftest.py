@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.hosts import claim_early
 from tests.cluster.shared_s3 import SharedS3, shared_s3
 from tests.cluster.standalone import StandaloneCluster, standalone_cluster
-from tests.conftest import spark_test_conf
+from tests.conftest import spark_test_conf, wait_for_executors
 
 PREFIX = "stclu"  # namespaces stclu-h1, stclu-h2; bridge stclubr
 NET = 1  # 198.18.1.0/24
@@ -59,6 +59,21 @@ def cluster_conf(cluster: StandaloneCluster) -> dict[str, str]:
     return conf
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Lock the tier's hosts before the first test, when another run on this machine has them.
+
+    The wait (up to half an hour, said every 30 s) happens here, outside the time limit of the
+    test that first needs the cluster; without it, each test of the tier would spend its whole
+    limit waiting and fail.
+    """
+    if missing_requirement() is not None:
+        return
+    if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        say = reporter.write_line if reporter is not None else print
+        claim_early(PREFIX, say=say)
+
+
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[StandaloneCluster]:
     """The started cluster; torn down (and checked to be gone) after the tier's last test."""
@@ -89,7 +104,7 @@ def cluster_spark(cluster: StandaloneCluster):
         patch.setenv("PYSPARK_PYTHON", sys.executable)
         session = builder.getOrCreate()
         try:
-            wait_for_executors(session, HOSTS * EXECUTORS_PER_HOST, cluster)
+            wait_for_executors(session, HOSTS * EXECUTORS_PER_HOST, 120, cluster.executor_logs)
             yield session
         finally:
             session.stop()
@@ -115,18 +130,6 @@ def forget_conf(session, conf: dict[str, str]) -> None:
     system = session.sparkContext._jvm.System
     for key in [*conf, "spark.master", "spark.app.name"]:
         system.clearProperty(key)
-
-
-def wait_for_executors(session, count: int, cluster: StandaloneCluster) -> None:
-    """Wait until ``count`` executors have registered with the driver."""
-    deadline = time.monotonic() + 120
-    tracker = session.sparkContext._jsc.sc().statusTracker()
-    while len(tracker.getExecutorInfos()) - 1 < count:  # the driver counts as one
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{count} executors did not register in 120 s:\n{cluster.executor_logs()}"
-            )
-        time.sleep(0.2)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

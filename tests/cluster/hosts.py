@@ -102,12 +102,37 @@ def sweep(prefix: str) -> None:
             pass
 
 
+# Prefixes this process locked ahead of time (claim_early), or why it could not.
+_early: dict[str, int | RuntimeError] = {}
+
+
+def claim_early(prefix: str, wait_s: float = CLAIM_WAIT_S, say=print) -> None:
+    """Lock ``prefix`` now, before any test starts, for the :meth:`Hosts.start` that comes later.
+
+    The wait for another run can be long, and it must not count against the time limit of the
+    test that happens to make the hosts. If it fails, that :meth:`Hosts.start` (and every later
+    one) raises the same error at once instead of waiting again.
+    """
+    if prefix not in _early:
+        try:
+            _early[prefix] = claim(prefix, wait_s, say)
+        except RuntimeError as exc:
+            _early[prefix] = exc
+
+
 def claim(prefix: str, wait_s: float = CLAIM_WAIT_S, say=print) -> int:
     """Lock ``prefix`` for this process (an open descriptor; closing it frees the prefix).
 
     Waits while another live run holds it, saying so every 30 s; raises ``RuntimeError`` naming
     the holder after ``wait_s``. Once held, whatever a dead run left under the prefix is swept.
+    A lock :func:`claim_early` took is handed over instead (its failure raised again).
     """
+    early = _early.get(prefix)
+    if isinstance(early, RuntimeError):
+        raise early
+    if early is not None:
+        del _early[prefix]
+        return early
     LOCKS.mkdir(parents=True, exist_ok=True)
     path = LOCKS / f"sparktrain-hosts-{prefix}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -18,9 +18,9 @@ from tests.cluster.conftest import (
     cluster_conf,
     forget_conf,
     stop_active_session,
-    wait_for_executors,
 )
 from tests.cluster.standalone import StandaloneCluster
+from tests.conftest import wait_for_executors
 from tests.fixtures import gpu_task_trainers
 
 pytestmark = pytest.mark.cluster
@@ -51,7 +51,7 @@ def gpu2_spark(cluster: StandaloneCluster) -> Iterator[object]:
         patch.setenv("PYSPARK_PYTHON", sys.executable)
         session = builder.getOrCreate()
         try:
-            wait_for_executors(session, HOSTS, cluster)
+            wait_for_executors(session, HOSTS, 120, cluster.executor_logs)
             yield session
         finally:
             session.stop()

@@ -16,7 +16,8 @@ import pytest
 
 from sparktrain import SparkRunner
 from sparktrain.checkpoint import load_latest
-from tests.cluster.conftest import EXECUTORS_PER_HOST, HOSTS, wait_for_executors
+from tests.cluster.conftest import EXECUTORS_PER_HOST, HOSTS
+from tests.conftest import wait_for_executors
 from tests.fixtures import host_loss
 
 pytestmark = pytest.mark.cluster
@@ -54,7 +55,7 @@ def test_lost_host_restarts_from_s3_with_exact_steps(cluster, cluster_spark, clu
     finally:
         killer.join(timeout=120)
         # Whatever happened, the next test needs all four executors back.
-        wait_for_executors(cluster_spark, NP, cluster)
+        wait_for_executors(cluster_spark, NP, 120, cluster.executor_logs)
     assert "error" not in out, out.get("error")
     assert "killed" in out, "the host was never killed"
 
