@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import threading
 
 import pytest
 
 from sparktrain import HorovodRunner, RunTimeoutError, SparkRunner, WorkerFailedError
 from sparktrain.backends.horovod import horovod_torch_library
 from tests.fixtures import hvd_trainers, resumable, trainers
-from tests.helpers import alive, recorded_pids, wait_for_files
+from tests.helpers import alive, interrupt_once_started, recorded_pids
 
 pytestmark = pytest.mark.spark
 
@@ -80,11 +78,7 @@ def test_timeout_stops_every_rank(connect, tmp_path):
 
 
 def test_interrupt_stops_every_rank_and_the_job(connect, tmp_path):
-    def interrupt_when_started():
-        wait_for_files(tmp_path, "*.pid", 2)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    interrupt_once_started(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         SparkRunner(np=2, spark=connect, grace_period=1).run(trainers.block_forever, str(tmp_path))
     pids = recorded_pids(tmp_path)

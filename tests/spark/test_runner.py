@@ -25,7 +25,7 @@ from sparktrain import (
 from sparktrain import runner as runner_module
 from tests.conftest import ranks
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids, wait_for_files
+from tests.helpers import alive, interrupt_once_started, recorded_pids
 
 
 def test_returns_rank0_value_and_streams_logs(mode, capsys):
@@ -147,11 +147,7 @@ def test_run_timeout_stops_ranks(mode, tmp_path):
 
 
 def test_keyboard_interrupt_stops_ranks(mode, tmp_path):
-    def interrupt_when_started():
-        wait_for_files(tmp_path, "*.pid", 2)
-        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C (or a notebook's stop button) sends
-
-    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    interrupt_once_started(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         SparkRunner(np=ranks(mode, 2), grace_period=1).run(trainers.block_forever, str(tmp_path))
     pids = recorded_pids(tmp_path)
@@ -168,13 +164,9 @@ def test_ctrl_c_does_not_run_the_sessions_own_handler(mode, tmp_path):
         called.append(signum)
         raise KeyboardInterrupt
 
-    def interrupt_when_started():
-        wait_for_files(tmp_path, "*.pid", 2)
-        os.kill(os.getpid(), signal.SIGINT)
-
     signal.signal(signal.SIGINT, session_handler)
     try:
-        threading.Thread(target=interrupt_when_started, daemon=True).start()
+        interrupt_once_started(tmp_path)
         with pytest.raises(KeyboardInterrupt):
             SparkRunner(np=ranks(mode, 2), grace_period=1).run(
                 trainers.block_forever, str(tmp_path)

@@ -10,15 +10,13 @@ import inspect
 import logging
 import os
 import re
-import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sparktrain import RunStalledError, RunTimeoutError, SparkRunner, WorkerFailedError
-from tests.helpers import wait_for_files
+from tests.helpers import interrupt_once_started
 
 
 def _reduce_or_sleep() -> float:
@@ -140,11 +138,7 @@ def test_a_failure_elsewhere_shows_where_the_stopped_rank_was(tmp_path: Path) ->
 
 
 def test_an_interrupt_shows_where_every_rank_was(tmp_path: Path) -> None:
-    def press_ctrl_c() -> None:
-        wait_for_files(tmp_path, "*.pid", 2)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    interrupt_once_started(tmp_path)
     runner = SparkRunner(np=-2, grace_period=1, progress=False)
     with pytest.raises(KeyboardInterrupt) as info:
         runner.run(_silent_for, 120, str(tmp_path))
