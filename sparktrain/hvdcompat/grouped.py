@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from sparktrain.hvdcompat.basics import _checked
 from sparktrain.hvdcompat.collectives import (
     Average,
     allgather_async,
@@ -20,6 +19,7 @@ from sparktrain.hvdcompat.collectives import (
 )
 from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.handles import Handle, claim
+from sparktrain.hvdcompat.process_sets import scope_of
 from sparktrain.hvdcompat.scatter import reducescatter_async
 
 
@@ -198,7 +198,7 @@ def sparse_allreduce_async(
         gathered_values = values.wait()
         gathered_indices = indices.wait()
         if op == Average:
-            gathered_values = gathered_values / _checked().size
+            gathered_values = gathered_values / scope_of(process_set, "sparse_allreduce").size
         return torch.sparse_coo_tensor(
             gathered_indices.transpose(0, 1), gathered_values, tensor.size()
         )

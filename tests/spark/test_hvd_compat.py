@@ -97,13 +97,10 @@ def test_workshop_steps_as_horovod() -> None:
 @pytest.mark.parametrize(
     ("what", "expected"),
     [
-        (
-            "sync_batch_norm",
-            "hvd.SyncBatchNorm is not supported by sparktrain's built-in horovod.torch",
-        ),
+        ("elastic", "hvd.elastic is not supported by sparktrain's built-in horovod.torch"),
         ("adasum", "op=hvd.Adasum is not supported by sparktrain's built-in horovod.torch; use"),
     ],
-    ids=["sync_batch_norm", "adasum"],
+    ids=["elastic", "adasum"],
 )
 def test_unsupported_parts_fail_naming_themselves(mode: str, what: str, expected: str) -> None:
     if mode == "spark" and what == "adasum":
