@@ -1,5 +1,6 @@
-"""Horovod's collectives (allreduce, allgather, broadcast, and their async forms) on
-torch.distributed.
+"""Horovod's collectives (allreduce, allgather, broadcast: their async and in-place forms) on
+torch.distributed; :mod:`sparktrain.hvdcompat.autograd` makes the API's ``hvd.allreduce``,
+``hvd.allgather`` and ``hvd.broadcast`` of them, differentiable.
 
 Every collective first agrees with the other ranks on what it is about to run (see
 :mod:`sparktrain.hvdcompat.negotiate`), so inputs that do not fit together raise
@@ -16,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked, comm_device
-from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.negotiate import Request, agree
@@ -76,7 +76,7 @@ def allreduce_async_(
     process_set: Any = None,
     layout: tuple[tuple[Any, ...], ...] = (),
 ) -> Handle:
-    """Start reducing ``tensor`` over all processes, in place; see :func:`allreduce`.
+    """Start reducing ``tensor`` over all processes, in place; see :func:`sparktrain.hvdcompat.autograd.allreduce`.
 
     ``layout`` is for a group fused into ``tensor``: its members' dtypes and shapes, which
     must agree between the ranks too.
@@ -123,43 +123,6 @@ def allreduce_async(
     )
 
 
-def allreduce(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-) -> torch.Tensor:
-    """The reduction of ``tensor`` over all processes, as a new tensor.
-
-    Example:
-        >>> avg_loss = hvd.allreduce(torch.tensor(loss), name="avg_loss")  # doctest: +SKIP
-
-    Args:
-        tensor: the same shape and dtype on every process.
-        average: deprecated; ``True`` is ``op=Average``, ``False`` is ``op=Sum``.
-        name: a label in Horovod; accepted and unused here.
-        compression: applied before the reduction and undone after it.
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
-        prescale_factor: multiplies each input before the reduction.
-        postscale_factor: multiplies the result.
-        process_set: the ranks to reduce over (an ``hvd.ProcessSet`` this rank is in);
-            every rank by default.
-
-    Raises:
-        NotImplementedError: for ``op=Adasum``.
-        ValueError: when this rank is not in ``process_set``.
-    """
-    compressed, ctx = compression.compress(tensor.detach().clone())
-    out = allreduce_async_(
-        compressed, average, name, op, prescale_factor, postscale_factor, process_set
-    ).wait()
-    return compression.decompress(out, ctx)
-
-
 def synchronize(handle: Handle) -> torch.Tensor:
     """Wait for an async operation and return its output."""
     return handle.wait()
@@ -197,13 +160,6 @@ def broadcast_async(
 ) -> Handle:
     """Start broadcasting a copy of ``tensor``; ``synchronize(handle)`` returns it."""
     return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
-
-
-def broadcast(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None
-) -> torch.Tensor:
-    """``root_rank``'s ``tensor``, as a new tensor on every process."""
-    return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
 def allgather_async(

@@ -105,27 +105,6 @@ def grouped_allreduce_async(
     )
 
 
-def grouped_allreduce(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-) -> list[torch.Tensor]:
-    """The reduction of each tensor of ``tensors`` over all processes, as new tensors."""
-    packed = [compression.compress(t.detach().clone()) for t in tensors]
-    handle = grouped_allreduce_async_(
-        [t for t, _ in packed], average, name, op, prescale_factor, postscale_factor, process_set
-    )
-    return [
-        compression.decompress(out, ctx)
-        for out, (_, ctx) in zip(handle.wait(), packed, strict=True)
-    ]
-
-
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = None
 ) -> Handle:
@@ -133,14 +112,6 @@ def grouped_allgather_async(
     claim("grouped_allgather", name)
     parts = [allgather_async(t, None, process_set) for t in tensors]
     return _group("grouped_allgather", name, parts)
-
-
-def grouped_allgather(
-    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = None
-) -> list[torch.Tensor]:
-    """:func:`~sparktrain.hvdcompat.collectives.allgather` of each tensor, as a list."""
-    result: list[torch.Tensor] = grouped_allgather_async(tensors, name, process_set).wait()
-    return result
 
 
 def grouped_reducescatter_async(
@@ -169,7 +140,7 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
-    """:func:`~sparktrain.hvdcompat.scatter.reducescatter` of each tensor, as a list."""
+    """:func:`~sparktrain.hvdcompat.autograd.reducescatter` of each tensor, as a list."""
     packed = [compression.compress(t) for t in tensors]
     handle = grouped_reducescatter_async(
         [t for t, _ in packed], name, op, process_set, prescale_factor, postscale_factor

@@ -23,7 +23,6 @@ from sparktrain.hvdcompat.collectives import (
     _finish_reduce,
     resolve_op,
 )
-from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.negotiate import Request, agree
@@ -92,22 +91,6 @@ def alltoall_async(
     return Handle(work, finish, key=key)
 
 
-def alltoall(
-    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None
-) -> Any:
-    """Scatter rows of ``tensor`` to every rank and gather theirs (``hvd.alltoall``).
-
-    Returns:
-        The received rows, in rank order; with ``splits``, also the rows received from each
-        rank, as Horovod returns them.
-
-    Raises:
-        HorovodInternalError: on every rank, for mismatched inputs or splits that do not fit.
-    """
-    output, received = alltoall_async(tensor, splits, name, process_set).wait()
-    return output if splits is None else (output, received)
-
-
 def _rows_of(dim0: int, rank: int, n: int) -> tuple[int, int]:
     """The first row and row count of ``rank``'s share of ``dim0`` rows, as Horovod deals."""
     base, extra = divmod(dim0, n)
@@ -150,24 +133,3 @@ def reducescatter_async(
         return mine
 
     return Handle(work, finish, key=key)
-
-
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    process_set: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """This rank's rows of the reduction of ``tensor`` over every rank (``hvd.reducescatter``).
-
-    Raises:
-        HorovodInternalError: on every rank, for mismatched inputs or a 0-dimensional tensor.
-    """
-    compressed, ctx = compression.compress(tensor)
-    out = reducescatter_async(
-        compressed, name, op, process_set, prescale_factor, postscale_factor
-    ).wait()
-    return compression.decompress(out, ctx)
