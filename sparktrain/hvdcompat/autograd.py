@@ -165,7 +165,9 @@ def alltoall(
         rank, as Horovod returns them.
 
     Raises:
-        HorovodInternalError: on every rank, for mismatched inputs or splits that do not fit.
+        InvalidArgumentError: (a ``ValueError``) on a rank whose splits do not fit its tensor.
+        HorovodInternalError: on the other ranks then, and on every rank for inputs that do
+            not fit together.
     """
     return _Alltoall.apply(tensor, splits, name, process_set)
 

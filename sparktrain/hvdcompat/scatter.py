@@ -23,7 +23,7 @@ from sparktrain.hvdcompat.collectives import (
     _finish_reduce,
     resolve_op,
 )
-from sparktrain.hvdcompat.exceptions import HorovodInternalError
+from sparktrain.hvdcompat.exceptions import HorovodInternalError, InvalidArgumentError
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.negotiate import Request, agree
 from sparktrain.hvdcompat.process_sets import scope_of
@@ -73,9 +73,9 @@ def alltoall_async(
         agree(request, comm_device(local), scope.group)
     except HorovodInternalError as exc:
         # The rank that refused its splits says why; the others say which rank refused.
-        return Handle.failed(HorovodInternalError(problem) if problem else exc)
+        return Handle.failed(InvalidArgumentError(problem) if problem else exc)
     if problem:
-        return Handle.failed(HorovodInternalError(problem))
+        return Handle.failed(InvalidArgumentError(problem))
     counts = torch.tensor(sent, dtype=torch.int64, device=comm_device(local))
     matrix = [torch.empty_like(counts) for _ in range(n)]
     dist.all_gather(matrix, counts, group=scope.group)
