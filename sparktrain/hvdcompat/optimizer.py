@@ -98,8 +98,9 @@ class _GradientSync:
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without "
-                    "optimizer.skip_synchronize(): the gradients are reduced twice",
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(): the gradients are reduced again; step inside "
+                    "`with optimizer.skip_synchronize():` after synchronizing",
                     stacklevel=2,
                 )
             self.synchronize()

@@ -100,6 +100,13 @@ def test_timeline_is_written_by_rank_0_as_a_chrome_trace(tmp_path: Path) -> None
     views = _views(2, hvd_sets.timeline, path=str(tmp_path / "timeline.json"))
     for view in views:
         assert view["before"][2] == "Horovod has not been initialized; use hvd.init()."
+        # A step after synchronize() outside skip_synchronize() warns in Horovod's words;
+        # inside it, nothing.
+        assert view["said"] == [
+            "optimizer.step() called without optimizer.skip_synchronize() context after "
+            "optimizer.synchronize(): the gradients are reduced again; step inside "
+            "`with optimizer.skip_synchronize():` after synchronizing"
+        ]
     assert views[1]["written"] == {}  # rank 1 writes nothing
     first, second = views[0]["written"]["1"], views[0]["written"]["2"]
     header = first[0]
