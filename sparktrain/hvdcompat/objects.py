@@ -87,10 +87,14 @@ def join(device: int = -1) -> int:
     raises :class:`HorovodInternalError` on the ranks that called it.
 
     Args:
-        device: the GPU to stand in on, or -1 for the collectives' default device.
+        device: the GPU to stand in on, or -1 for the collectives' default device (ignored
+            where the ranks have no GPU).
     """
     _checked()
-    where = torch.device("cuda", device) if device >= 0 else comm_device()
+    # A GPU only where the ranks' group carries CUDA tensors; on CPU the device is ignored,
+    # as Horovod ignores it without GPUs.
+    on_gpu = device >= 0 and "nccl" in _checked().backend and torch.cuda.is_available()
+    where = torch.device("cuda", device) if on_gpu else comm_device()
     rounds = 0
     while True:
         rows = exchange(Request("join", root=rounds), where)
