@@ -16,6 +16,7 @@ from sparktrain.hvdcompat.autograd import (
     broadcast,
     grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
     reducescatter,
 )
 from sparktrain.hvdcompat.basics import (
@@ -65,7 +66,6 @@ from sparktrain.hvdcompat.grouped import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
     grouped_reducescatter_async,
     sparse_allreduce_async,
 )

@@ -257,3 +257,19 @@ def grouped_allgather(
 ) -> list[torch.Tensor]:
     """:func:`allgather` of each tensor (each differentiable), as a list."""
     return [allgather(t, process_set=process_set) for t in tensors]
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """:func:`reducescatter` of each tensor (each differentiable), as a list."""
+    return [
+        reducescatter(t, None, compression, op, process_set, prescale_factor, postscale_factor)
+        for t in tensors
+    ]

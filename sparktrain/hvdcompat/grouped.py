@@ -17,7 +17,6 @@ from sparktrain.hvdcompat.collectives import (
     allgather_async,
     allreduce_async_,
 )
-from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.process_sets import scope_of
 from sparktrain.hvdcompat.scatter import reducescatter_async
@@ -129,26 +128,6 @@ def grouped_reducescatter_async(
         for t in tensors
     ]
     return _group("grouped_reducescatter", name, parts)
-
-
-def grouped_reducescatter(
-    tensors: Sequence[torch.Tensor],
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    process_set: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> list[torch.Tensor]:
-    """:func:`~sparktrain.hvdcompat.autograd.reducescatter` of each tensor, as a list."""
-    packed = [compression.compress(t) for t in tensors]
-    handle = grouped_reducescatter_async(
-        [t for t, _ in packed], name, op, process_set, prescale_factor, postscale_factor
-    )
-    return [
-        compression.decompress(out, ctx)
-        for out, (_, ctx) in zip(handle.wait(), packed, strict=True)
-    ]
 
 
 def sparse_allreduce_async(

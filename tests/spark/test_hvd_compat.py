@@ -457,6 +457,11 @@ def test_gradients_through_collectives_as_horovod_defines_them(n: int) -> None:
         assert view["reducescatter_average"] == shares
         assert view["reducescatter_sum"] == [[v * n for v in row] for row in shares]
         assert view["grouped_allreduce"] == [[total] * 2, [2.0 * n]]
+        # As reducescatter's, each member's: every rank's rows, times size() for Sum.
+        assert view["grouped_reducescatter"] == [
+            [[v * n for v in row] for row in shares],
+            [float(n)] * n,
+        ]
 
 
 def test_broadcast_optimizer_state_for_every_torch_optimizer() -> None:
