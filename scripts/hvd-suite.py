@@ -211,15 +211,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per launch")
     parser.add_argument("--one-session", action="store_true", help="every test in one launch")
-    parser.add_argument("-k", dest="keyword", default="", help="only tests whose name has this")
+    parser.add_argument(
+        "-k",
+        dest="keywords",
+        action="append",
+        default=[],
+        help="only tests whose name has this (repeat for several)",
+    )
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
     args = parser.parse_args(argv)
     test_file = (args.horovod_src / SUITE).resolve()
     if not test_file.is_file():
         parser.error(f"{test_file} does not exist: --horovod-src must be a Horovod checkout")
-    names = [n for n in test_names(test_file) if args.keyword in n]
+    keywords = args.keywords or [""]
+    names = [n for n in test_names(test_file) if any(k in n for k in keywords)]
     if not names:
-        parser.error(f"no test of {test_file.name} has {args.keyword!r} in its name")
+        parser.error(f"no test of {test_file.name} has any of {keywords} in its name")
     impls = args.impl or (["builtin", "horovod"] if installed_horovod() else ["builtin"])
     sys.path.insert(0, str(REPO))
     columns: dict[str, dict[str, str]] = {}
