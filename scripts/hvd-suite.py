@@ -154,6 +154,12 @@ def launch(impl: str, n: int, test_file: Path, names: list[str], timeout: float)
         for rank in range(n):
             path = Path(out_dir) / f"rank-{rank}.json"
             per_rank.append(json.loads(path.read_text()) if path.exists() else {})
+    return combine(names, per_rank, ended)
+
+
+def combine(names: list[str], per_rank: list[dict[str, str]], ended: str) -> dict[str, str]:
+    """Each test's outcome from every rank's (``ended``: how the launch ended, ``"done"``,
+    ``"HANG"`` or ``"CRASH"``; a test a rank has no outcome for takes it)."""
     results = {}
     for name in names:
         seen = [outcomes.get(name) for outcomes in per_rank]
