@@ -16,6 +16,7 @@ from sparktrain.hvdcompat.autograd import (
     broadcast,
     grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
     reducescatter,
 )
 from sparktrain.hvdcompat.basics import (
@@ -26,7 +27,6 @@ from sparktrain.hvdcompat.basics import (
     ddl_built,
     gloo_built,
     gloo_enabled,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
@@ -37,9 +37,9 @@ from sparktrain.hvdcompat.basics import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
 )
+from sparktrain.hvdcompat.batchnorm import SyncBatchNorm
 from sparktrain.hvdcompat.collectives import (
     Adasum,
     Average,
@@ -66,17 +66,24 @@ from sparktrain.hvdcompat.grouped import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
     grouped_reducescatter_async,
     sparse_allreduce_async,
 )
 from sparktrain.hvdcompat.handles import DuplicateNameError
+from sparktrain.hvdcompat.lifecycle import init, shutdown
 from sparktrain.hvdcompat.objects import allgather_object, barrier, broadcast_object, join
 from sparktrain.hvdcompat.optimizer import DistributedOptimizer
+from sparktrain.hvdcompat.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from sparktrain.hvdcompat.scatter import (
     alltoall_async,
     reducescatter_async,
 )
+from sparktrain.hvdcompat.timeline import start_timeline, stop_timeline
 
 __all__ = [
     "Adasum",
@@ -89,8 +96,11 @@ __all__ = [
     "HorovodInternalError",
     "Max",
     "Min",
+    "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNorm",
+    "add_process_set",
     "allgather",
     "allgather_async",
     "allgather_object",
@@ -114,6 +124,7 @@ __all__ = [
     "cuda_built",
     "ddl_built",
     "gloo_built",
+    "global_process_set",
     "gloo_enabled",
     "grouped_allgather",
     "grouped_allgather_async",
@@ -137,24 +148,20 @@ __all__ = [
     "rank",
     "reducescatter",
     "reducescatter_async",
+    "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
     "sparse_allreduce_async",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]
 
 # Names of horovod.torch that this implementation does not provide.
 NOT_PROVIDED = frozenset(
     {
-        "ProcessSet",
-        "add_process_set",
-        "remove_process_set",
-        "global_process_set",
-        "start_timeline",
-        "stop_timeline",
         "elastic",
-        "SyncBatchNorm",
         "mpi_lib_v2",
     }
 )

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from sparktrain.hvdcompat import collectives, grouped, scatter
-from sparktrain.hvdcompat.basics import _checked
 from sparktrain.hvdcompat.collectives import Average, Sum
 from sparktrain.hvdcompat.compression import Compression, Compressor
+from sparktrain.hvdcompat.process_sets import scope_of
 
 
 class _Allreduce(torch.autograd.Function):
@@ -58,11 +58,13 @@ def allreduce(
         op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
         prescale_factor: multiplies each input before the reduction.
         postscale_factor: multiplies the result.
-        process_set: only the global set is supported.
+        process_set: the ranks to reduce over (an ``hvd.ProcessSet`` this rank is in);
+            every rank by default.
 
     Raises:
         HorovodInternalError: on every process, when the processes' inputs do not fit.
-        NotImplementedError: for ``op=Adasum`` or a process set.
+        NotImplementedError: for ``op=Adasum``.
+        ValueError: when this rank is not in ``process_set``.
     """
     compressed, ctx = compression.compress(tensor)
     options = {
@@ -79,16 +81,20 @@ def allreduce(
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: Any) -> Any:
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        return collectives.allgather_async(tensor, name).wait()
+        ctx.process_set = process_set
+        return collectives.allgather_async(tensor, name, process_set).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        averaged = collectives.allreduce_async(grad.contiguous(), op=Average).wait()
-        rows = collectives.allgather(torch.tensor([ctx.rows])).tolist()
-        offset = sum(rows[: _checked().rank])
-        return averaged.narrow(0, offset, ctx.rows), None
+        process_set = ctx.process_set
+        averaged = collectives.allreduce_async(
+            grad.contiguous(), op=Average, process_set=process_set
+        ).wait()
+        rows = collectives.allgather(torch.tensor([ctx.rows]), process_set=process_set).tolist()
+        offset = sum(rows[: scope_of(process_set, "allgather").rank])
+        return averaged.narrow(0, offset, ctx.rows), None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Any:
@@ -97,37 +103,45 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
     The first dimension may differ between processes; the others, and the dtype, must agree
     (else :class:`HorovodInternalError` on every rank).
     """
-    collectives._no_process_set(process_set, "allgather")
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root: int, name: str | None) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root: int, name: str | None, process_set: Any
+    ) -> torch.Tensor:
         ctx.root = root
-        return collectives.broadcast_async(tensor, root, name).wait()
+        ctx.process_set = process_set
+        return collectives.broadcast_async(tensor, root, name, process_set).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        averaged = collectives.allreduce_async(grad.contiguous(), op=Average).wait()
-        if _checked().rank != ctx.root:
+        process_set = ctx.process_set
+        averaged = collectives.allreduce_async(
+            grad.contiguous(), op=Average, process_set=process_set
+        ).wait()
+        scope = scope_of(process_set, "broadcast")
+        if scope.ranks[scope.rank] != ctx.root:
             averaged = averaged * 0
-        return averaged, None, None
+        return averaged, None, None, None
 
 
 def broadcast(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None
 ) -> torch.Tensor:
     """``root_rank``'s ``tensor``, as a new tensor on every process."""
-    collectives._no_process_set(process_set, "broadcast")
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> Any:
-        output, received = scatter.alltoall_async(tensor, splits, name).wait()
+    def forward(
+        ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: Any
+    ) -> Any:
+        output, received = scatter.alltoall_async(tensor, splits, name, process_set).wait()
         ctx.received = received
+        ctx.process_set = process_set
         if splits is None:
             return output
         ctx.mark_non_differentiable(received)
@@ -135,8 +149,10 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> Any:
-        back, _ = scatter.alltoall_async(grad.contiguous(), ctx.received).wait()
-        return back, None, None
+        back, _ = scatter.alltoall_async(
+            grad.contiguous(), ctx.received, process_set=ctx.process_set
+        ).wait()
+        return back, None, None, None
 
 
 def alltoall(
@@ -149,10 +165,11 @@ def alltoall(
         rank, as Horovod returns them.
 
     Raises:
-        HorovodInternalError: on every rank, for mismatched inputs or splits that do not fit.
+        InvalidArgumentError: (a ``ValueError``) on a rank whose splits do not fit its tensor.
+        HorovodInternalError: on the other ranks then, and on every rank for inputs that do
+            not fit together.
     """
-    collectives._no_process_set(process_set, "alltoall")
-    return _Alltoall.apply(tensor, splits, name)
+    return _Alltoall.apply(tensor, splits, name, process_set)
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -164,12 +181,13 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         options = ctx.options
+        process_set = options["process_set"]
         if options["op"] == Sum:
-            grad = grad * _checked().size
+            grad = grad * scope_of(process_set, "reducescatter").size
         for factor in (options["prescale_factor"], options["postscale_factor"]):
             if factor != 1.0:
                 grad = grad * factor
-        return collectives.allgather(grad.contiguous()), None
+        return collectives.allgather(grad.contiguous(), process_set=process_set), None
 
 
 def reducescatter(
@@ -238,5 +256,20 @@ def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = None
 ) -> list[torch.Tensor]:
     """:func:`allgather` of each tensor (each differentiable), as a list."""
-    collectives._no_process_set(process_set, "grouped_allgather")
-    return [allgather(t) for t in tensors]
+    return [allgather(t, process_set=process_set) for t in tensors]
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """:func:`reducescatter` of each tensor (each differentiable), as a list."""
+    return [
+        reducescatter(t, None, compression, op, process_set, prescale_factor, postscale_factor)
+        for t in tensors
+    ]

@@ -71,25 +71,20 @@ def _uses_cuda() -> bool:
     return os.environ.get(contract.USE_GPU_ENV) != "0" and torch.cuda.is_available()
 
 
-def init(comm: Any = None, process_sets: Any = None) -> None:
+def init(comm: Any = None) -> None:
     """Join the job's process group (``horovod.torch.init``); a second call does nothing.
 
     Args:
         comm: an MPI communicator in Horovod; not supported here (must be None).
-        process_sets: Horovod process sets; not supported here (must be None).
 
     Raises:
-        NotImplementedError: for ``comm`` or ``process_sets``.
+        NotImplementedError: for ``comm``.
         ValueError: when the environment does not say where this process belongs.
     """
     if comm is not None:
         raise NotImplementedError(
             "hvd.init(comm=...) is not supported by sparktrain's built-in horovod.torch "
             "(no MPI); call hvd.init() with no arguments"
-        )
-    if process_sets is not None:
-        raise NotImplementedError(
-            "hvd.init(process_sets=...) is not supported by sparktrain's built-in horovod.torch"
         )
     if _state.size:
         return

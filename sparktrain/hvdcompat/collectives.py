@@ -1,5 +1,6 @@
-"""Horovod's collectives (allreduce, allgather, broadcast, and their async forms) on
-torch.distributed.
+"""Horovod's collectives (allreduce, allgather, broadcast: their async and in-place forms) on
+torch.distributed; :mod:`sparktrain.hvdcompat.autograd` makes the API's ``hvd.allreduce``,
+``hvd.allgather`` and ``hvd.broadcast`` of them, differentiable.
 
 Every collective first agrees with the other ranks on what it is about to run (see
 :mod:`sparktrain.hvdcompat.negotiate`), so inputs that do not fit together raise
@@ -16,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked, comm_device
-from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.process_sets import Scope, scope_of
 from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
 # Horovod's reduction ops (the values of horovod.torch.mpi_ops.Average etc.).
@@ -55,9 +56,14 @@ def resolve_op(op: int | None, average: bool | None = None) -> int:
     return op
 
 
-def _finish_reduce(buffer: torch.Tensor, op: int, postscale_factor: float) -> None:
-    """The scaling Horovod applies after the reduction, in place (Average divides by size)."""
-    scale(buffer, postscale_factor / _checked().size if op == Average else postscale_factor)
+def _after(op: int, postscale_factor: float, size: int) -> float:
+    """The factor Horovod applies after a reduction over ``size`` ranks (Average divides)."""
+    return postscale_factor / size if op == Average else postscale_factor
+
+
+def _finish_reduce(buffer: torch.Tensor, op: int, postscale_factor: float, size: int) -> None:
+    """The scaling Horovod applies after the reduction, in place."""
+    scale(buffer, _after(op, postscale_factor, size))
 
 
 def allreduce_async_(
@@ -70,30 +76,28 @@ def allreduce_async_(
     process_set: Any = None,
     layout: tuple[tuple[Any, ...], ...] = (),
 ) -> Handle:
-    """Start reducing ``tensor`` over all processes, in place; see :func:`allreduce`.
+    """Start reducing ``tensor`` over all processes, in place; see :func:`sparktrain.hvdcompat.autograd.allreduce`.
 
     ``layout`` is for a group fused into ``tensor``: its members' dtypes and shapes, which
     must agree between the ranks too.
     """
-    _no_process_set(process_set, "allreduce")
     op = resolve_op(op, average)
-    _checked()
+    scope = scope_of(process_set, "allreduce")
     key = claim("allreduce", name)
     request = Request("allreduce", name, tensor, op, -1, prescale_factor, postscale_factor, layout)
     try:
-        agree(request, comm_device(tensor))
-        after = postscale_factor / _checked().size if op == Average else postscale_factor
-        check_scalable(tensor.dtype, prescale_factor, after)
+        agree(request, comm_device(tensor), scope.group)
+        check_scalable(tensor.dtype, prescale_factor, _after(op, postscale_factor, scope.size))
     except HorovodInternalError as exc:
         return Handle.failed(exc)
     scale(tensor, prescale_factor)
     buffer = for_reduction(tensor)
-    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], async_op=True)
+    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], group=scope.group, async_op=True)
 
     def finish() -> torch.Tensor:
         if buffer is not tensor:
             tensor.copy_(buffer)
-        _finish_reduce(tensor, op, postscale_factor)
+        _finish_reduce(tensor, op, postscale_factor, scope.size)
         return tensor
 
     return Handle(work, finish, key=key)
@@ -119,41 +123,6 @@ def allreduce_async(
     )
 
 
-def allreduce(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-) -> torch.Tensor:
-    """The reduction of ``tensor`` over all processes, as a new tensor.
-
-    Example:
-        >>> avg_loss = hvd.allreduce(torch.tensor(loss), name="avg_loss")  # doctest: +SKIP
-
-    Args:
-        tensor: the same shape and dtype on every process.
-        average: deprecated; ``True`` is ``op=Average``, ``False`` is ``op=Sum``.
-        name: a label in Horovod; accepted and unused here.
-        compression: applied before the reduction and undone after it.
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
-        prescale_factor: multiplies each input before the reduction.
-        postscale_factor: multiplies the result.
-        process_set: only the global set is supported.
-
-    Raises:
-        NotImplementedError: for ``op=Adasum`` or a process set.
-    """
-    compressed, ctx = compression.compress(tensor.detach().clone())
-    out = allreduce_async_(
-        compressed, average, name, op, prescale_factor, postscale_factor, process_set
-    ).wait()
-    return compression.decompress(out, ctx)
-
-
 def synchronize(handle: Handle) -> torch.Tensor:
     """Wait for an async operation and return its output."""
     return handle.wait()
@@ -168,14 +137,14 @@ def broadcast_async_(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None
 ) -> Handle:
     """Start overwriting ``tensor`` with root's, in place."""
-    _no_process_set(process_set, "broadcast")
-    _check_root(root_rank)
+    scope = scope_of(process_set, "broadcast")
+    _check_root(root_rank, scope)
     key = claim("broadcast", name)
     try:
-        agree(Request("broadcast", name, tensor, root=root_rank), comm_device(tensor))
+        agree(Request("broadcast", name, tensor, root=root_rank), comm_device(tensor), scope.group)
     except HorovodInternalError as exc:
         return Handle.failed(exc)
-    work = dist.broadcast(for_moving(tensor), src=root_rank, async_op=True)
+    work = dist.broadcast(for_moving(tensor), src=root_rank, group=scope.group, async_op=True)
     return Handle(work, lambda: tensor, key=key)
 
 
@@ -193,26 +162,18 @@ def broadcast_async(
     return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
 
 
-def broadcast(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None
-) -> torch.Tensor:
-    """``root_rank``'s ``tensor``, as a new tensor on every process."""
-    return broadcast_async(tensor, root_rank, name, process_set).wait()
-
-
 def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: Any = None
 ) -> Handle:
     """Start gathering every process's ``tensor``; ``synchronize(handle)`` returns
     :func:`allgather`'s result."""
-    _no_process_set(process_set, "allgather")
-    n = _checked().size
+    scope = scope_of(process_set, "allgather")
     local = tensor.detach().contiguous()
     if local.dim() == 0:
         local = local.reshape(1)
     key = claim("allgather", name)
     try:
-        sizes = agree(Request("allgather", name, local), comm_device(local)).first_dims
+        sizes = agree(Request("allgather", name, local), comm_device(local), scope.group).first_dims
     except HorovodInternalError as exc:
         return Handle.failed(exc)
     longest = max(sizes)
@@ -221,8 +182,8 @@ def allgather_async(
         pad = local.new_zeros((longest - local.shape[0], *local.shape[1:]))
         padded = torch.cat([local, pad])
     moved = for_moving(padded)
-    parts = [torch.empty_like(moved) for _ in range(n)]
-    work = dist.all_gather(parts, moved, async_op=True)
+    parts = [torch.empty_like(moved) for _ in range(scope.size)]
+    work = dist.all_gather(parts, moved, group=scope.group, async_op=True)
 
     def finish() -> torch.Tensor:
         kept = [
@@ -234,7 +195,8 @@ def allgather_async(
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Any:
-    """Every process's ``tensor`` concatenated along the first dimension, in rank order.
+    """Every process's ``tensor`` concatenated along the first dimension, in rank order (the
+    ranks of ``process_set``, in its order, when one is given).
 
     The first dimension may differ between processes; the others, and the dtype, must agree
     (else :class:`HorovodInternalError` on every rank).
@@ -242,15 +204,12 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
     return allgather_async(tensor, name, process_set).wait()
 
 
-def _check_root(root_rank: int) -> None:
+def _check_root(root_rank: int, scope: Scope | None = None) -> None:
     n = _checked().size
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank={root_rank} is not a rank of this job (0..{n - 1})")
-
-
-def _no_process_set(process_set: Any, function: str) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError(
-            f"hvd.{function}(process_set=...) is not supported by sparktrain's built-in "
-            "horovod.torch: only the global process set is"
+    if scope is not None and root_rank not in scope.ranks:
+        raise ValueError(
+            f"root_rank={root_rank} is not in the process set {list(scope.ranks)}: a root is "
+            "given as its global rank (hvd.rank() on the root), and must be a member"
         )

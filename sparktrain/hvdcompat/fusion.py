@@ -23,6 +23,7 @@ import torch.distributed as dist
 from sparktrain.hvdcompat.collectives import _TORCH_OPS, _finish_reduce
 from sparktrain.hvdcompat.compression import Compressor
 from sparktrain.hvdcompat.grouped import sparse_allreduce_async
+from sparktrain.hvdcompat.process_sets import scope_of
 
 # Largest bucket, in bytes of the uncompressed gradients. Torch DDP's default: large enough
 # that per-collective costs stay small, small enough that early buckets overlap backward.
@@ -71,6 +72,7 @@ class GradientReducer:
         sparse_as_dense: reduce sparse gradients as dense ones (else gather every rank's
             indices and values, as Horovod does).
         passes: backward passes per step; a bucket starts after its last one.
+        process_set: the ranks to reduce over (None: every rank); this rank is a member.
     """
 
     def __init__(
@@ -82,8 +84,10 @@ class GradientReducer:
         postscale: float,
         sparse_as_dense: bool,
         passes: int,
+        process_set: Any = None,
     ) -> None:
         self.params = list(params)
+        self.process_set = process_set
         self.compression = compression
         self.op = op
         self.prescale, self.postscale = prescale, postscale
@@ -140,7 +144,9 @@ class GradientReducer:
             if sparse and not self.sparse_as_dense:
                 # As Horovod: every rank's indices and values, gathered.
                 name = f"DistributedOptimizer.sparse.{index}.{position}"
-                kept_sparse.append((p, sparse_allreduce_async(grad, name, self.op)))
+                kept_sparse.append(
+                    (p, sparse_allreduce_async(grad, name, self.op, self.process_set))
+                )
                 continue
             if sparse:
                 grad = grad.to_dense()
@@ -151,7 +157,8 @@ class GradientReducer:
             flat = torch.cat([sent.reshape(-1) for _, sent, _, _ in items])
             if self.prescale != 1.0:
                 flat.mul_(self.prescale)
-            work = dist.all_reduce(flat, op=_TORCH_OPS[self.op], async_op=True)
+            group = scope_of(self.process_set, "DistributedOptimizer").group
+            work = dist.all_reduce(flat, op=_TORCH_OPS[self.op], group=group, async_op=True)
         self._flights[index] = _Flight(work, flat, items, kept_sparse)
 
     def reduce(self) -> None:
@@ -172,7 +179,8 @@ class GradientReducer:
             if flight.work is None or flight.flat is None:
                 continue
             flight.work.wait()
-            _finish_reduce(flight.flat, self.op, self.postscale)
+            size = scope_of(self.process_set, "DistributedOptimizer").size
+            _finish_reduce(flight.flat, self.op, self.postscale, size)
             offset = 0
             for p, sent, ctx, sparse in flight.items:
                 n = sent.numel()

@@ -12,14 +12,13 @@ from typing import Any
 
 import torch
 
-from sparktrain.hvdcompat.basics import _checked
 from sparktrain.hvdcompat.collectives import (
     Average,
     allgather_async,
     allreduce_async_,
 )
-from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.handles import Handle, claim
+from sparktrain.hvdcompat.process_sets import scope_of
 from sparktrain.hvdcompat.scatter import reducescatter_async
 
 
@@ -105,27 +104,6 @@ def grouped_allreduce_async(
     )
 
 
-def grouped_allreduce(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-) -> list[torch.Tensor]:
-    """The reduction of each tensor of ``tensors`` over all processes, as new tensors."""
-    packed = [compression.compress(t.detach().clone()) for t in tensors]
-    handle = grouped_allreduce_async_(
-        [t for t, _ in packed], average, name, op, prescale_factor, postscale_factor, process_set
-    )
-    return [
-        compression.decompress(out, ctx)
-        for out, (_, ctx) in zip(handle.wait(), packed, strict=True)
-    ]
-
-
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = None
 ) -> Handle:
@@ -133,14 +111,6 @@ def grouped_allgather_async(
     claim("grouped_allgather", name)
     parts = [allgather_async(t, None, process_set) for t in tensors]
     return _group("grouped_allgather", name, parts)
-
-
-def grouped_allgather(
-    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = None
-) -> list[torch.Tensor]:
-    """:func:`~sparktrain.hvdcompat.collectives.allgather` of each tensor, as a list."""
-    result: list[torch.Tensor] = grouped_allgather_async(tensors, name, process_set).wait()
-    return result
 
 
 def grouped_reducescatter_async(
@@ -158,26 +128,6 @@ def grouped_reducescatter_async(
         for t in tensors
     ]
     return _group("grouped_reducescatter", name, parts)
-
-
-def grouped_reducescatter(
-    tensors: Sequence[torch.Tensor],
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    process_set: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> list[torch.Tensor]:
-    """:func:`~sparktrain.hvdcompat.scatter.reducescatter` of each tensor, as a list."""
-    packed = [compression.compress(t) for t in tensors]
-    handle = grouped_reducescatter_async(
-        [t for t, _ in packed], name, op, process_set, prescale_factor, postscale_factor
-    )
-    return [
-        compression.decompress(out, ctx)
-        for out, (_, ctx) in zip(handle.wait(), packed, strict=True)
-    ]
 
 
 def sparse_allreduce_async(
@@ -198,7 +148,7 @@ def sparse_allreduce_async(
         gathered_values = values.wait()
         gathered_indices = indices.wait()
         if op == Average:
-            gathered_values = gathered_values / _checked().size
+            gathered_values = gathered_values / scope_of(process_set, "sparse_allreduce").size
         return torch.sparse_coo_tensor(
             gathered_indices.transpose(0, 1), gathered_values, tensor.size()
         )

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import time
 import zlib
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from sparktrain.hvdcompat import timeline
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 
 # Dtypes by code; 0 means "no tensor" (barrier, join).
@@ -260,7 +262,9 @@ def agree(
     Raises:
         HorovodInternalError: on every rank, when the descriptions do not fit together.
     """
+    began = time.monotonic_ns()
     rows = exchange(request, device, group)
+    timeline.agreed(request.kind, request.name, began, time.monotonic_ns())
     gone = joined(rows)
     if gone:
         if request.kind != "allreduce":

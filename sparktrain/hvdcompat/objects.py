@@ -14,7 +14,6 @@ from sparktrain.hvdcompat.basics import _checked, comm_device
 from sparktrain.hvdcompat.collectives import (
     _TORCH_OPS,
     _check_root,
-    _no_process_set,
     allgather,
     broadcast_,
 )
@@ -26,6 +25,7 @@ from sparktrain.hvdcompat.negotiate import (
     joined_rounds,
     stand_in,
 )
+from sparktrain.hvdcompat.process_sets import scope_of
 from sparktrain.hvdcompat.wire import for_reduction
 
 
@@ -43,26 +43,25 @@ def broadcast_object(
     obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None
 ) -> Any:
     """``root_rank``'s ``obj`` (anything cloudpickle can pickle), on every process."""
-    _no_process_set(process_set, "broadcast_object")
-    _check_root(root_rank)
+    scope = scope_of(process_set, "broadcast_object")
+    _check_root(root_rank, scope)
     device = comm_device()
     is_root = _checked().rank == root_rank
     payload = _to_bytes(obj).to(device) if is_root else None
     length = torch.tensor([payload.numel() if payload is not None else 0], device=device)
-    broadcast_(length, root_rank, name=name)
+    broadcast_(length, root_rank, name=name, process_set=process_set)
     if payload is None:
         payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-    broadcast_(payload, root_rank, name=name)
+    broadcast_(payload, root_rank, name=name, process_set=process_set)
     return obj if is_root else _from_bytes(payload)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Every process's ``obj``, as a list in rank order."""
-    _no_process_set(process_set, "allgather_object")
-    _checked()
+    scope_of(process_set, "allgather_object")
     payload = _to_bytes(obj).to(comm_device())
-    lengths = allgather(torch.tensor([payload.numel()], device=payload.device), name=name)
-    gathered = allgather(payload, name=name)
+    lengths = allgather(torch.tensor([payload.numel()], device=payload.device), name, process_set)
+    gathered = allgather(payload, name, process_set)
     out, start = [], 0
     for length in lengths.tolist():
         out.append(_from_bytes(gathered[start : start + length]))
@@ -76,9 +75,7 @@ def barrier(process_set: Any = None) -> None:
     Raises:
         HorovodInternalError: on every rank, when another rank is in a different collective.
     """
-    _no_process_set(process_set, "barrier")
-    _checked()
-    agree(Request("barrier"), comm_device())
+    agree(Request("barrier"), comm_device(), scope_of(process_set, "barrier").group)
 
 
 def join(device: int = -1) -> int:
@@ -90,10 +87,14 @@ def join(device: int = -1) -> int:
     raises :class:`HorovodInternalError` on the ranks that called it.
 
     Args:
-        device: the GPU to stand in on, or -1 for the collectives' default device.
+        device: the GPU to stand in on, or -1 for the collectives' default device (ignored
+            where the ranks have no GPU).
     """
     _checked()
-    where = torch.device("cuda", device) if device >= 0 else comm_device()
+    # A GPU only where the ranks' group carries CUDA tensors; on CPU the device is ignored,
+    # as Horovod ignores it without GPUs.
+    on_gpu = device >= 0 and "nccl" in _checked().backend and torch.cuda.is_available()
+    where = torch.device("cuda", device) if on_gpu else comm_device()
     rounds = 0
     while True:
         rows = exchange(Request("join", root=rounds), where)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from sparktrain.hvdcompat.basics import _checked
-from sparktrain.hvdcompat.collectives import Average, Sum, _no_process_set, resolve_op
+from sparktrain.hvdcompat.collectives import Average, Sum, resolve_op
 from sparktrain.hvdcompat.compression import Compression, Compressor
 from sparktrain.hvdcompat.fusion import GradientReducer
 
@@ -32,8 +32,10 @@ class _GradientSync:
         gradient_predivide_factor: float,
         sparse_as_dense: bool,
         backward_passes_per_step: int,
+        process_set: Any = None,
     ) -> None:
         self._compression = compression
+        self.process_set = process_set
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -50,6 +52,8 @@ class _GradientSync:
         if self.op == Average:
             pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if self.process_set is not None and not self.process_set.included():
+            params = []  # as in Horovod: no hooks outside the set, the gradients stay local
         return GradientReducer(
             params,
             self._compression,
@@ -58,6 +62,7 @@ class _GradientSync:
             post,
             self.sparse_as_dense,
             self.backward_passes_per_step,
+            self.process_set,
         )
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -68,6 +73,9 @@ class _GradientSync:
     def synchronize(self) -> None:
         """Average (or sum, per ``op``) every parameter's gradient across processes now."""
         _checked()
+        if self.process_set is not None and not self.process_set.included():
+            self._synchronized = True  # as in Horovod: nothing to reduce outside the set
+            return
         reducer = self._reducer
         assert reducer is not None  # set by _setup_sync
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
@@ -90,8 +98,9 @@ class _GradientSync:
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without "
-                    "optimizer.skip_synchronize(): the gradients are reduced twice",
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(): the gradients are reduced again; step inside "
+                    "`with optimizer.skip_synchronize():` after synchronizing",
                     stacklevel=2,
                 )
             self.synchronize()
@@ -166,13 +175,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         num_groups: a fusion hint in Horovod; accepted, fusion here is by size.
         groups: a fusion hint in Horovod; accepted, fusion here is by size.
         sparse_as_dense: reduce sparse gradients as dense ones.
-        process_set: only the global set is supported.
+        process_set: the ranks whose gradients are reduced together (every rank by default);
+            on a rank outside it, ``step()`` steps on the local gradients.
 
     Raises:
-        NotImplementedError: for ``op=hvd.Adasum`` or a process set.
+        NotImplementedError: for ``op=hvd.Adasum``.
         ValueError: for bad ``named_parameters`` or ``backward_passes_per_step``.
     """
-    _no_process_set(process_set, "DistributedOptimizer")
     op = resolve_op(op)
     if op not in (Average, Sum):
         raise ValueError("DistributedOptimizer's op must be hvd.Average or hvd.Sum")
@@ -190,7 +199,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     # Fresh state over the same parameter groups, as Horovod's wrapper has.
     base.__init__(wrapped, optimizer.param_groups)
     wrapped._setup_sync(
-        compression, op, gradient_predivide_factor, sparse_as_dense, backward_passes_per_step
+        compression,
+        op,
+        gradient_predivide_factor,
+        sparse_as_dense,
+        backward_passes_per_step,
+        process_set,
     )
     if named is None:  # Horovod's names for unnamed parameters
         named = [

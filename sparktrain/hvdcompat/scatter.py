@@ -14,19 +14,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparktrain.hvdcompat.basics import _checked, comm_device
+from sparktrain.hvdcompat.basics import comm_device
 from sparktrain.hvdcompat.collectives import (
     _TORCH_OPS,
     Average,
     Sum,
+    _after,
     _finish_reduce,
-    _no_process_set,
     resolve_op,
 )
-from sparktrain.hvdcompat.compression import Compression, Compressor
-from sparktrain.hvdcompat.exceptions import HorovodInternalError
+from sparktrain.hvdcompat.exceptions import HorovodInternalError, InvalidArgumentError
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.process_sets import scope_of
 from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
 
@@ -61,8 +61,8 @@ def alltoall_async(
 ) -> Handle:
     """Start sending ``splits[i]`` rows of ``tensor`` to rank ``i``; ``synchronize(handle)``
     returns ``(received rows in rank order, rows received from each rank)``."""
-    _no_process_set(process_set, "alltoall")
-    n = _checked().size
+    scope = scope_of(process_set, "alltoall")
+    n = scope.size
     local = tensor.detach().contiguous()
     sent, problem = _splits_problem(local, splits, n)
     key = claim("alltoall", name)
@@ -70,41 +70,25 @@ def alltoall_async(
     # raises rather than waits.
     request = Request("alltoall", name, local, op=1 if problem else 0)
     try:
-        agree(request, comm_device(local))
+        agree(request, comm_device(local), scope.group)
     except HorovodInternalError as exc:
         # The rank that refused its splits says why; the others say which rank refused.
-        return Handle.failed(HorovodInternalError(problem) if problem else exc)
+        return Handle.failed(InvalidArgumentError(problem) if problem else exc)
     if problem:
-        return Handle.failed(HorovodInternalError(problem))
+        return Handle.failed(InvalidArgumentError(problem))
     counts = torch.tensor(sent, dtype=torch.int64, device=comm_device(local))
     matrix = [torch.empty_like(counts) for _ in range(n)]
-    dist.all_gather(matrix, counts)
-    received = [int(row[_checked().rank]) for row in matrix]
+    dist.all_gather(matrix, counts, group=scope.group)
+    received = [int(row[scope.rank]) for row in matrix]
     moved = for_moving(local)
     output = moved.new_empty((sum(received), *local.shape[1:]))
-    work = dist.all_to_all_single(output, moved, received, sent, async_op=True)
+    work = dist.all_to_all_single(output, moved, received, sent, group=scope.group, async_op=True)
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         return restore(output, local.dtype), torch.tensor(received, dtype=split_dtype)
 
     return Handle(work, finish, key=key)
-
-
-def alltoall(
-    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None
-) -> Any:
-    """Scatter rows of ``tensor`` to every rank and gather theirs (``hvd.alltoall``).
-
-    Returns:
-        The received rows, in rank order; with ``splits``, also the rows received from each
-        rank, as Horovod returns them.
-
-    Raises:
-        HorovodInternalError: on every rank, for mismatched inputs or splits that do not fit.
-    """
-    output, received = alltoall_async(tensor, splits, name, process_set).wait()
-    return output if splits is None else (output, received)
 
 
 def _rows_of(dim0: int, rank: int, n: int) -> tuple[int, int]:
@@ -123,52 +107,29 @@ def reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Start reducing ``tensor`` over every rank, keeping this rank's rows of the result."""
-    _no_process_set(process_set, "reducescatter")
     op = resolve_op(op)
-    state = _checked()
+    scope = scope_of(process_set, "reducescatter")
     key = claim("reducescatter", name)
     local = tensor.detach()
     request = Request("reducescatter", name, local, op, -1, prescale_factor, postscale_factor)
     try:
-        agree(request, comm_device(local))
+        agree(request, comm_device(local), scope.group)
         if local.dim() == 0:
             raise HorovodInternalError("hvd.reducescatter needs a tensor with a first dimension")
         if op not in (Average, Sum):
             raise HorovodInternalError("hvd.reducescatter supports op=hvd.Average or hvd.Sum")
-        after = postscale_factor / state.size if op == Average else postscale_factor
-        check_scalable(local.dtype, prescale_factor, after)
+        check_scalable(local.dtype, prescale_factor, _after(op, postscale_factor, scope.size))
     except HorovodInternalError as exc:
         return Handle.failed(exc)
     whole = local.clone()
     scale(whole, prescale_factor)
     buffer = for_reduction(whole)
-    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], async_op=True)
-    start, count = _rows_of(local.shape[0], state.rank, state.size)
+    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], group=scope.group, async_op=True)
+    start, count = _rows_of(local.shape[0], scope.rank, scope.size)
 
     def finish() -> torch.Tensor:
         mine = buffer[start : start + count].to(local.dtype).clone()
-        _finish_reduce(mine, op, postscale_factor)
+        _finish_reduce(mine, op, postscale_factor, scope.size)
         return mine
 
     return Handle(work, finish, key=key)
-
-
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    process_set: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """This rank's rows of the reduction of ``tensor`` over every rank (``hvd.reducescatter``).
-
-    Raises:
-        HorovodInternalError: on every rank, for mismatched inputs or a 0-dimensional tensor.
-    """
-    compressed, ctx = compression.compress(tensor)
-    out = reducescatter_async(
-        compressed, name, op, process_set, prescale_factor, postscale_factor
-    ).wait()
-    return compression.decompress(out, ctx)

@@ -74,10 +74,8 @@ def test_adasum_is_refused_naming_the_alternatives() -> None:
 
 
 def test_missing_parts_raise_not_implemented_naming_themselves() -> None:
-    with pytest.raises(NotImplementedError, match="hvd.SyncBatchNorm is not supported"):
-        api.SyncBatchNorm  # noqa: B018 - the attribute access is what raises
-    with pytest.raises(NotImplementedError, match="hvd.ProcessSet is not supported"):
-        api.ProcessSet  # noqa: B018
+    with pytest.raises(NotImplementedError, match="hvd.elastic is not supported"):
+        api.elastic  # noqa: B018 - the attribute access is what raises
     with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
         api.no_such_thing  # noqa: B018
 
@@ -186,3 +184,26 @@ def test_dtypes_gloo_lacks_travel_widened_or_as_float16_bits() -> None:
     assert moved.dtype == torch.float16 and moved.data_ptr() == shorts.data_ptr()
     assert wire.restore(moved, torch.int16).tolist() == [-300, 2]
     assert wire.for_reduction(torch.tensor([True])).dtype == torch.int32
+
+
+def test_process_sets_before_registration() -> None:
+    unregistered = api.ProcessSet(iter([2, 0, 1]))
+    assert unregistered.ranks == [0, 1, 2]  # sorted, as Horovod keeps them
+    assert (unregistered.process_set_id, unregistered.size(), unregistered.rank()) == (
+        None,
+        None,
+        None,
+    )
+    assert str(unregistered) == "ProcessSet(process_set_id=None, ranks=[0, 1, 2], mpi_comm=None)"
+    assert api.global_process_set.process_set_id == 0
+    # Neither the global set nor one never registered can be removed.
+    assert api.remove_process_set(api.global_process_set) is False
+    assert api.remove_process_set(unregistered) is False
+    with pytest.raises(ValueError, match="mpi4py communicators need MPI"):
+        api.ProcessSet(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"a list of integer ranks, not \[0, 1.5\]"):
+        api.ProcessSet([1.5, 0])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"use hvd.init\(\)"):
+        api.add_process_set([0])
+    with pytest.raises(ValueError, match=r"use hvd.init\(\)"):
+        api.start_timeline("unused.json")
