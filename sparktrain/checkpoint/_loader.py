@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparktrain.checkpoint._commit import _store
-from sparktrain.data import resume_state
 from sparktrain.errors import ConfigurationError
 from sparktrain.worker import context
 
@@ -50,6 +49,10 @@ def gathered(state: Any, where: str, step: int) -> dict[str, Any] | None:
         ConfigurationError: the ranks cannot be joined (no process group of all the ranks
             while the loader has several shards), or their states do not fit together.
     """
+    # Here, not at the top: sparktrain.data's package needs pyarrow (the data extra), and a
+    # checkpoint without a loader must not.
+    from sparktrain.data import resume_state
+
     states = resume_state.as_states(state)
     own = len(states) == 1 and states[0].get("kind") == resume_state.SHARD
     store = _store()
