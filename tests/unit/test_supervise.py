@@ -408,7 +408,9 @@ def _lines_of(proc: subprocess.Popen[str]) -> queue.Queue[str]:
     return lines
 
 
-def _expect(lines: queue.Queue[str], prefix: str, timeout: float = 15.0) -> str:
+def _expect(lines: queue.Queue[str], prefix: str | tuple[str, ...], timeout: float = 15.0) -> str:
+    """The first line that starts with ``prefix`` (or one of them); the lines before it are
+    passed over."""
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -420,6 +422,16 @@ def _expect(lines: queue.Queue[str], prefix: str, timeout: float = 15.0) -> str:
             return line
         seen.append(line)
     raise AssertionError(f"no line starting with {prefix!r}; got {seen}")
+
+
+def _expect_both(lines: queue.Queue[str], first: str, second: str, timeout: float) -> list[str]:
+    """The lines starting with ``first`` and ``second``, in that order, whichever came first:
+    a process's own line and the lines relayed from its rank's reader thread are not ordered."""
+    got: dict[str, str] = {}
+    for _ in range(2):
+        line = _expect(lines, tuple(p for p in (first, second) if p not in got), timeout)
+        got[first if line.startswith(first) else second] = line
+    return [got[first], got[second]]
 
 
 def test_worker_dies_when_its_supervisor_is_killed(tmp_path: Path) -> None:
@@ -443,8 +455,8 @@ def test_worker_dies_when_its_supervisor_is_killed(tmp_path: Path) -> None:
     worker_pid = None
     try:
         lines = _lines_of(supervisor)
-        worker_pid = int(_expect(lines, "WORKER").split()[1])
-        _expect(lines, "LINE napping")  # the worker is inside the user's function
+        # Once both have come, the worker is inside the user's function.
+        worker_pid = int(_expect_both(lines, "WORKER", "LINE napping", 15)[0].split()[1])
         worker = psutil.Process(worker_pid)
         assert "sparktrain.worker" in worker.cmdline()
         assert worker.ppid() == supervisor.pid

@@ -25,7 +25,7 @@ from sparktrain import contract
 from sparktrain.payload import dump_call, load_result
 from sparktrain.task import zygotes
 from sparktrain.task.process import RankProcess
-from tests.unit.test_supervise import ROOT, _expect, _lines_of, wait_gone
+from tests.unit.test_supervise import ROOT, _expect_both, _lines_of, wait_gone
 
 # Functions pickled by value (like a notebook's), so the ranks need no tests/ package.
 CELL = """
@@ -303,10 +303,11 @@ def test_zygote_and_rank_die_with_their_owner(tmp_path: Path) -> None:
     pids: list[int] = []
     try:
         lines = _lines_of(owner)
-        _, rank_pid, zygote_pid, forked = _expect(lines, "RANK", 60).split()
+        # A rank forked warm prints at once: its line may come before the owner's own.
+        rank_line, _ = _expect_both(lines, "RANK", "LINE napping", 60)
+        _, rank_pid, zygote_pid, forked = rank_line.split()
         pids = [int(rank_pid), int(zygote_pid)]
         assert forked == "True"
-        _expect(lines, "LINE napping")
         assert psutil.Process(pids[0]).ppid() == pids[1]
         owner.send_signal(signal.SIGKILL)
         owner.wait(5)
