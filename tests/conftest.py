@@ -6,6 +6,7 @@ import importlib
 import os
 import pkgutil
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -22,6 +23,12 @@ from tests import fixtures
 # tests run live in tests/fixtures/scripts/, which is not a package and is not imported.)
 for _module in pkgutil.iter_modules(fixtures.__path__):
     cloudpickle.register_pickle_by_value(importlib.import_module(f"tests.fixtures.{_module.name}"))
+
+# A suite started in the background of a non-interactive shell (`cmd &`, nohup, some CI
+# runners) inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt: the
+# tests that press Ctrl-C check what a user in a terminal gets, so SIGINT acts as it does there.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
