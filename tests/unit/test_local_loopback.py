@@ -135,7 +135,11 @@ def _forge_then_save(directory: str) -> list[str]:
         group_store = dist.distributed_c10d._get_default_store()
         for step, value in forged.items():
             # The default group's keys, as torch 2.13 names them on the server.
-            forger.set(f"default_pg/0//{_commit._key(directory, step)}", value)
+            forged_key = f"default_pg/0//{_commit._key(directory, step)}"
+            forger.set(forged_key, value)
+            # A store's set is sent without a reply; a question on the same connection is
+            # answered only after it, so the forgery is in place before another connection looks.
+            forger.check([forged_key])
             if not group_store.check([_commit._key(directory, step)]):
                 heard.append(f"the forged word for step {step} is not where the ranks look")
         for step in forged if not heard else ():
