@@ -18,6 +18,8 @@ import pytest
 from sparktrain.conf_file import read_conf_file
 from tests import fixtures
 
+pytest_plugins = ["tests.tier_times"]
+
 # Executors cannot import the tests package: ship every module of tests/fixtures by value.
 # (Those modules import heavy libraries inside their functions only; stand-alone scripts the
 # tests run live in tests/fixtures/scripts/, which is not a package and is not imported.)
