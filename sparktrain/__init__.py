@@ -29,46 +29,97 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 - ``commands/`` (the ``sparktrain`` command and the doctor) and ``examples`` on top.
 """
 
-from sparktrain.decorator import distributed
-from sparktrain.driver.handle import RunHandle
-from sparktrain.errors import (
-    CallError,
-    CapacityError,
-    ConfigurationError,
-    PayloadError,
-    RendezvousTimeoutError,
-    RunStalledError,
-    RunTimeoutError,
-    SparkTrainError,
-    WorkerFailedError,
-    WorkerFailure,
-)
-from sparktrain.payload import load_kept
-from sparktrain.runner import HorovodRunner, SparkRunner
-from sparktrain.worker.context import (
-    attempt,
-    default_backend,
-    local_rank,
-    local_world_size,
-    log_to_driver,
-    rank,
-    report,
-    should_stop,
-    use_gpu,
-    world_size,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The public names, and the module each lives in. They are imported on first use (PEP 562), so
+# ``import sparktrain`` costs almost nothing and a rank, which imports only
+# ``sparktrain.worker.context``, never imports the driver's side.
+_WHERE = {
+    "CallError": "sparktrain.errors",
+    "CapacityError": "sparktrain.errors",
+    "ConfigurationError": "sparktrain.errors",
+    "HorovodRunner": "sparktrain.runner",
+    "PayloadError": "sparktrain.errors",
+    "RendezvousTimeoutError": "sparktrain.errors",
+    "RunHandle": "sparktrain.driver.handle",
+    "RunStalledError": "sparktrain.errors",
+    "RunTimeoutError": "sparktrain.errors",
+    "SparkRunner": "sparktrain.runner",
+    "SparkTrainError": "sparktrain.errors",
+    "WorkerFailedError": "sparktrain.errors",
+    "WorkerFailure": "sparktrain.errors",
+    "attempt": "sparktrain.worker.context",
+    "default_backend": "sparktrain.worker.context",
+    "distributed": "sparktrain.decorator",
+    "load_kept": "sparktrain.payload",
+    "local_rank": "sparktrain.worker.context",
+    "local_world_size": "sparktrain.worker.context",
+    "log_to_driver": "sparktrain.worker.context",
+    "rank": "sparktrain.worker.context",
+    "report": "sparktrain.worker.context",
+    "should_stop": "sparktrain.worker.context",
+    "use_gpu": "sparktrain.worker.context",
+    "world_size": "sparktrain.worker.context",
+}
+
+if TYPE_CHECKING:  # what type checkers and the API reference read
+    from sparktrain.decorator import distributed
+    from sparktrain.driver.handle import RunHandle
+    from sparktrain.errors import (
+        CallError,
+        CapacityError,
+        ConfigurationError,
+        PayloadError,
+        RendezvousTimeoutError,
+        RunStalledError,
+        RunTimeoutError,
+        SparkTrainError,
+        WorkerFailedError,
+        WorkerFailure,
+    )
+    from sparktrain.payload import load_kept
+    from sparktrain.runner import HorovodRunner, SparkRunner
+    from sparktrain.worker.context import (
+        attempt,
+        default_backend,
+        local_rank,
+        local_world_size,
+        log_to_driver,
+        rank,
+        report,
+        should_stop,
+        use_gpu,
+        world_size,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'sparktrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CapacityError",
-    "HorovodRunner",
-    "ConfigurationError",
+__all__ = [  # the stated public API (sorted); everything else is internal
     "CallError",
+    "CapacityError",
+    "ConfigurationError",
+    "HorovodRunner",
     "PayloadError",
     "RendezvousTimeoutError",
-    "RunStalledError",
     "RunHandle",
+    "RunStalledError",
     "RunTimeoutError",
     "SparkRunner",
     "SparkTrainError",
@@ -77,8 +128,8 @@ __all__ = [
     "attempt",
     "default_backend",
     "distributed",
-    "local_rank",
     "load_kept",
+    "local_rank",
     "local_world_size",
     "log_to_driver",
     "rank",
