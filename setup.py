@@ -1,4 +1,4 @@
-"""The build: setup.cfg has the metadata; this adds ``sparktrain-horovod.pth`` to the wheel.
+"""The build: pyproject.toml has the metadata; this adds ``sparktrain-horovod.pth`` to the wheel.
 
 The ``.pth`` file runs ``_sparktrain_horovod.install()`` when an interpreter of the
 environment starts, so that ``import horovod.torch`` works on a driver without Horovod (see

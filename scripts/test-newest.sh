@@ -3,7 +3,7 @@
 # without a constraints file gives them, in a virtual environment of its own (.venv-newest):
 # the unit tier, then a Spark smoke run (a run, a failed rank's traceback, a timeout's stack
 # dump, the executors' Python probe). Then the tracebacks' tests again with the lowest
-# cloudpickle setup.cfg allows. ARGS go to the unit tier's pytest.
+# cloudpickle pyproject.toml allows. ARGS go to the unit tier's pytest.
 #
 #   scripts/test-newest.sh [ARGS]
 #
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="$(pwd)/.venv-newest"
 PY="$VENV/bin/python"
-CLOUDPICKLE_LOWEST=3.0.0   # keep in step with setup.cfg's cloudpickle>=
+CLOUDPICKLE_LOWEST=3.0.0   # keep in step with pyproject.toml's cloudpickle>=
 say() { printf '\033[1m[sparktrain]\033[0m %s\n' "$*"; }
 
 if [ ! -x "$PY" ]; then
@@ -25,7 +25,8 @@ fi
 grep '^torch==' sparktrain/constraints.txt > "$VENV/torch-only.txt"
 "$PY" -m pip install -q -c "$VENV/torch-only.txt" torch setuptools wheel
 # eager: a reused environment moves to releases made since it was created
-"$PY" -m pip install -q --upgrade --upgrade-strategy eager -c "$VENV/torch-only.txt" -e ".[test]"
+"$PY" -m pip install -q --upgrade --upgrade-strategy eager -c "$VENV/torch-only.txt" \
+    -r requirements/test.txt -e ".[spark,connect,data,examples,tracking,docs]"
 "$PY" -m pip check
 say "newest: $("$PY" -m pip list --format=freeze 2>/dev/null |
     grep -iE '^(cloudpickle|psutil|pyspark|pyarrow|pandas|numpy|fsspec|torch)==' | tr '\n' ' ')"
@@ -39,7 +40,7 @@ say "a Spark smoke run"
     tests/spark/test_runner.py \
     -k "probe or returns_rank0_value or failed_rank_stops_everything or run_timeout_stops_ranks" ||
     status=1
-say "tracebacks with cloudpickle $CLOUDPICKLE_LOWEST, the lowest setup.cfg allows"
+say "tracebacks with cloudpickle $CLOUDPICKLE_LOWEST, the lowest pyproject.toml allows"
 "$PY" -m pip install -q "cloudpickle==$CLOUDPICKLE_LOWEST"
 "$PY" -m pytest -q -rs -p no:cacheprovider tests/unit/test_payload_lines.py \
     tests/unit/test_payload.py || status=1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The classic Spark tier's runner tests against the newest pyspark 3.5, the lowest pyspark that
-# setup.cfg claims, in a virtual environment of its own (.venv-pyspark35): everything else is
+# pyproject.toml claims, in a virtual environment of its own (.venv-pyspark35): everything else is
 # pinned as in constraints.txt. ARGS go to pytest.
 #
 #   scripts/test-pyspark35.sh [ARGS]
@@ -19,7 +19,8 @@ if [ ! -x "$PY" ]; then
 fi
 sed "s/^pyspark==.*/pyspark==$PYSPARK35/" constraints.txt > "$VENV/constraints.txt"
 "$PY" -m pip install -q -c "$VENV/constraints.txt" torch setuptools wheel
-"$PY" -m pip install -q -c "$VENV/constraints.txt" -e ".[test]"
+"$PY" -m pip install -q -c "$VENV/constraints.txt" -r requirements/test.txt \
+    -e ".[spark,connect,data,examples,tracking,docs]"
 export PYSPARK_PYTHON="$PY"
 say "running the runner tests with pyspark $("$PY" -c 'import pyspark; print(pyspark.__version__)')"
 exec "$PY" -m pytest -q -rs -m "not horovod" tests/spark/test_runner.py tests/spark/test_restarts.py "$@"

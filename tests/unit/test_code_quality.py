@@ -16,7 +16,7 @@ PATHS = ["sparktrain", "tests", "benchmarks", "_sparktrain_horovod.py", "setup.p
 def tool(name: str) -> str:
     found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed (pip install -e '.[test]')")
+        pytest.skip(f"{name} is not installed (pip install -r requirements/test.txt)")
     return found
 
 
@@ -60,13 +60,33 @@ def test_no_merge_conflict_markers():
     assert not found, "merge-conflict markers are committed:\n" + "\n".join(found)
 
 
-def test_the_build_system_is_declared() -> None:
-    """pip and build read pyproject.toml's [build-system]; setup.cfg keeps the metadata."""
+def test_the_package_is_declared_in_pyproject_alone() -> None:
+    """PEP 621: pyproject.toml has the build system, the metadata and the tools' settings."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11+")
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     system = declared["build-system"]
     assert system["build-backend"] == "setuptools.build_meta"
     assert any(r.startswith("setuptools") for r in system["requires"])
-    assert "license_files = LICENSE" in (ROOT / "setup.cfg").read_text(encoding="utf-8")
+    project = declared["project"]
+    assert project["dynamic"] == ["version"]
+    assert declared["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "sparktrain.__version__"
+    }
+    assert project["license-files"] == ["LICENSE"]
+    assert {"pytest", "mypy", "ruff"} <= set(declared["tool"])
+    assert not (ROOT / "setup.cfg").exists() and not (ROOT / "ruff.toml").exists()
     assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
+
+
+def test_the_test_tools_are_not_in_the_users_extras() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11+")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    offered = " ".join(" ".join(deps) for deps in extras.values())
+    for tool_name in ("pytest", "mypy", "ruff", "moto", "nbclient"):
+        assert tool_name not in offered
+        assert tool_name in (ROOT / "requirements" / "test.txt").read_text()
+    assert "test" not in extras

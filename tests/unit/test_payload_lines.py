@@ -2,7 +2,7 @@
 
 cloudpickle 3.1.3 rebuilds every code object it pickles by value with the file name
 ``<dynamic-code>``; these tests hold with the pinned cloudpickle (3.1.2) and with the newest
-(``scripts/test-newest.sh`` runs them there, and with the lowest that setup.cfg allows).
+(``scripts/test-newest.sh`` runs them there, and with the lowest that pyproject.toml allows).
 """
 
 from __future__ import annotations
