@@ -8,7 +8,7 @@ Example:
 Where the code runs (each folder is a boundary; a module imports only from its own layer or
 the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 
-- ``contract``, ``errors``, ``log``, ``conf_file``, ``stacks``, ``private``: leaves every
+- ``contract``, ``errors``, ``log``, ``conf_file``, ``stacks``, ``private_dir``: leaves every
   process shares (the names that cross a process boundary, the error tree, logging, the
   conf-file parser, reading a rank's stack dump, the user's private folder on a host);
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every

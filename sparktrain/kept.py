@@ -1,7 +1,7 @@
 """Results sparktrain kept on a host because they could not be returned, and their lifetime.
 
 A kept result (see :func:`sparktrain.payload.keep_and_say`) is a file of its owner's alone in
-``<private folder>/results`` (or in a fallback folder, see :mod:`sparktrain.private`). They
+``<private folder>/results`` (or in a fallback folder, see :mod:`sparktrain.private_dir`). They
 would pile up forever, a few hundred MiB each, so each run removes those of its user on its
 hosts that are older than ``kept_results_ttl`` (:func:`sweep`, which never fails a run), and
 ``sparktrain kept list`` / ``sparktrain kept clean`` show and remove them by hand.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.log import get_logger
 from sparktrain.units import format_duration
 
@@ -52,16 +52,16 @@ def folders(parent: str | os.PathLike[str] | None = None) -> list[Path]:
     that ``lstat`` shows are theirs alone: the private folder's, each fallback folder's, and
     the fallback folders of earlier versions (``sparktrain-<uid>-results-*``)."""
     base = Path(parent if parent is not None else tempfile.gettempdir())
-    roots = [base / f"{private.PREFIX}{os.getuid()}", *private.fallbacks(base)]
+    roots = [base / f"{private_dir.PREFIX}{os.getuid()}", *private_dir.fallbacks(base)]
     found = []
     for root in roots:
         try:
-            private.check(root)
-            private.check(root / RESULTS)
-        except private.NotPrivateError:
+            private_dir.check(root)
+            private_dir.check(root / RESULTS)
+        except private_dir.NotPrivateError:
             continue
         found.append(root / RESULTS)
-    earlier = f"{private.PREFIX}{os.getuid()}-results-"
+    earlier = f"{private_dir.PREFIX}{os.getuid()}-results-"
     names = []
     try:
         with os.scandir(base) as entries:
@@ -75,8 +75,8 @@ def folders(parent: str | os.PathLike[str] | None = None) -> list[Path]:
     names.sort()
     for name in names:
         try:
-            private.check(base / name)
-        except private.NotPrivateError:
+            private_dir.check(base / name)
+        except private_dir.NotPrivateError:
             continue
         found.append(base / name)
     return found

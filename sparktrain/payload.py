@@ -17,7 +17,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.errors import PayloadError
 from sparktrain.kept import LIFETIME
 
@@ -227,7 +227,7 @@ KEPT_RESULTS = "results"
 def keep_result(data: bytes | bytearray, name: str, folder: str | None = None) -> Path:
     """Write a result that could not be returned where its owner can load it later.
 
-    It goes to ``<private folder>/results/<name>.pkl`` (see :mod:`sparktrain.private`),
+    It goes to ``<private folder>/results/<name>.pkl`` (see :mod:`sparktrain.private_dir`),
     readable by its owner alone, written whole or not at all through an unpredictable temporary
     name, so no other account can read it, plant it, or redirect the write.
 
@@ -243,7 +243,7 @@ def keep_result(data: bytes | bytearray, name: str, folder: str | None = None) -
         OSError: it could not be written (the message says where and why).
         NotPrivateError: the private folder is not this user's alone.
     """
-    return private.write_new(private.folder(KEPT_RESULTS, folder), f"{name}.pkl", data)
+    return private_dir.write_new(private_dir.folder(KEPT_RESULTS, folder), f"{name}.pkl", data)
 
 
 def load_kept(path: str | os.PathLike[str]) -> Any:
@@ -271,7 +271,7 @@ def load_kept(path: str | os.PathLike[str]) -> Any:
         if folder_info.st_uid not in (os.getuid(), 0) or folder_info.st_mode & 0o022:
             raise PayloadError(
                 f"refusing to load {path}: its folder {parent} can be written by "
-                f"{private.describe_owner(folder_info.st_uid)} or others (mode "
+                f"{private_dir.describe_owner(folder_info.st_uid)} or others (mode "
                 f"{oct(folder_info.st_mode & 0o7777)}), so another account could have "
                 "replaced the file, and unpickling it would run their code as you"
             )
@@ -304,7 +304,7 @@ def _kept_problem(info: os.stat_result) -> str:
     if not stat.S_ISREG(info.st_mode):
         return f"not a regular file ({stat.filemode(info.st_mode)})"
     if info.st_uid != os.getuid():
-        return f"owned by {private.describe_owner(info.st_uid)}"
+        return f"owned by {private_dir.describe_owner(info.st_uid)}"
     if info.st_mode & 0o022:
         return (
             f"writable by {'others' if info.st_mode & 0o002 else 'its group'} (mode "
@@ -334,12 +334,12 @@ def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) ->
     try:
         try:
             path = keep_result(data, name)
-        except private.NotPrivateError as exc:
+        except private_dir.NotPrivateError as exc:
             # Someone else holds the private folder's name: a folder of this user's alone
-            # beside it (see private.fallback) still keeps the result from being lost.
-            fallback = private.ensure(private.fallback() / KEPT_RESULTS)
-            path = private.write_new(fallback, f"{name}.pkl", data)
+            # beside it (see private_dir.fallback) still keeps the result from being lost.
+            fallback = private_dir.ensure(private_dir.fallback() / KEPT_RESULTS)
+            path = private_dir.write_new(fallback, f"{name}.pkl", data)
             note = f"; the private folder could not be used: {exc}"
-    except (OSError, private.NotPrivateError) as exc:
+    except (OSError, private_dir.NotPrivateError) as exc:
         return f"it could not be kept{on} either ({exc}{note})"
     return f"it is kept in {path}{on} (sparktrain.load_kept(path) reads it back; {LIFETIME}{note})"

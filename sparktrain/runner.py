@@ -21,13 +21,13 @@ from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application, ranks_per_task
 from sparktrain.driver.progress import Progress, quiet_spark_console
 from sparktrain.driver.python_probe import check_executor_python
-from sparktrain.driver.record import AttemptRecord, RunRecord
+from sparktrain.driver.run_record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.payload import dump_call, dumps
 from sparktrain.script import run_script, script_call
 from sparktrain.signature import check_call
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 
 
 class SparkRunner:

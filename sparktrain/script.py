@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from sparktrain import contract, private
+from sparktrain import contract, private_dir
 from sparktrain.errors import PayloadError
 
 
@@ -78,7 +78,7 @@ def run_script(path: str, source: str, argv: list[str]) -> None:
             os.makedirs(folder, exist_ok=True)
             tmp = folder
         else:
-            tmp = tempfile.mkdtemp(prefix="script-", dir=private.usable_root())
+            tmp = tempfile.mkdtemp(prefix="script-", dir=private_dir.usable_root())
         target = os.path.join(tmp, os.path.basename(path) or "script.py")
         with open(target, "w", encoding="utf-8") as fh:
             fh.write(source)

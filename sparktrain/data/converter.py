@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.data import integrity
 from sparktrain.data.columns import unsupported_type_error
 from sparktrain.data.dataset import (
@@ -148,12 +148,12 @@ def make_spark_converter(
 
 
 def default_cache_dir() -> str:
-    """``file://<private folder>/cache``: the user's own (see :mod:`sparktrain.private`).
+    """``file://<private folder>/cache``: the user's own (see :mod:`sparktrain.private_dir`).
 
     Raises:
         NotPrivateError: the private folder is not this user's alone.
     """
-    return f"file://{private.usable_folder(CACHE_FOLDER)}"
+    return f"file://{private_dir.usable_folder(CACHE_FOLDER)}"
 
 
 def _write(

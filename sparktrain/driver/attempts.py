@@ -2,7 +2,7 @@
 
 Each attempt has a channel and a key of its own, a Spark job group (or local supervisor) of
 its own, and a :class:`~sparktrain.driver.monitor.RunMonitor` that sees it through. What
-happens is kept in the run's :class:`~sparktrain.driver.record.RunRecord`.
+happens is kept in the run's :class:`~sparktrain.driver.run_record.RunRecord`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.inflight import Line, StopSignal, held_by_others, reserve, take_turn
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
-from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
-from sparktrain.driver.results import all_results, rank0_result
+from sparktrain.driver.result_intake import all_results, rank0_result
+from sparktrain.driver.run_record import AttemptRecord, RunRecord, launch_breakdown
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import (
     CapacityError,
@@ -33,7 +33,7 @@ from sparktrain.errors import (
 )
 from sparktrain.log import get_logger
 from sparktrain.payload import kept_result_name
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 from sparktrain.wire.address import listen_address
 
 _log = get_logger(__name__)

@@ -18,8 +18,8 @@ from typing import Any
 
 from sparktrain.driver.stage import FailedTask, describe_spark_error, failed_task
 from sparktrain.errors import PayloadError, WorkerFailure
+from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import RECORD_COLUMN, RECORD_SCHEMA, failure_in, run_connect_task
-from sparktrain.task.job import TaskJob
 
 Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
 

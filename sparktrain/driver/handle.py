@@ -23,7 +23,7 @@ from typing import Any, TextIO, cast
 
 from sparktrain.driver.inflight import Line, StopSignal, next_ticket
 from sparktrain.driver.interrupt import plain_ctrl_c
-from sparktrain.driver.record import RunRecord
+from sparktrain.driver.run_record import RunRecord
 
 # The ranks' lines a handle keeps (the newest), so a long run's memory stays bounded.
 KEPT_LINES = 10_000

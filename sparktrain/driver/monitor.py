@@ -23,7 +23,7 @@ from sparktrain.driver.failures import job_failure, rendezvous_timeout
 from sparktrain.driver.inflight import STOP
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.lines import LineView
-from sparktrain.driver.results import ResultReceiver
+from sparktrain.driver.result_intake import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
 from sparktrain.errors import (

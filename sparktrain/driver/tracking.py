@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.checkpoint.layout import newest_committed
 
 ARTIFACT_PATH = "checkpoint"
@@ -180,7 +180,7 @@ class MlflowTracker:
                 )
             names = list(found)
             source = f"{url.rstrip('/')}/{found[1]}"
-        tmp = tempfile.mkdtemp(prefix="ckpt-", dir=private.usable_root())
+        tmp = tempfile.mkdtemp(prefix="ckpt-", dir=private_dir.usable_root())
         try:
             for name in names:
                 fs.get_file(f"{root}/{name}", os.path.join(tmp, name))

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparktrain import private
+from sparktrain import private_dir
 
 DEFAULT_MASTER = "local-cluster[2,1,1024]"
 
@@ -191,11 +191,11 @@ def _log4j2_file() -> str | None:
     """A log4j2 configuration file with :data:`_LOG4J2` in the user's private folder, or None
     if none can be written (the JVM then logs as it would without it)."""
     try:
-        folder = private.root()
+        folder = private_dir.root()
         path = folder / "log4j2.properties"
         if not path.is_file() or path.is_symlink() or path.read_text() != _LOG4J2:
-            path = private.write_new(folder, path.name, _LOG4J2.encode())
-    except (OSError, private.NotPrivateError):
+            path = private_dir.write_new(folder, path.name, _LOG4J2.encode())
+    except (OSError, private_dir.NotPrivateError):
         return None
     return str(path)
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Any
 
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.examples._common import make_parser, parse, print_table, spark_session, where
 
 PIXELS = [f"p{i}" for i in range(64)]
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         hits = score(fitted)
         accuracy = sum(hits) / len(hits)
-        out_dir = args.out_dir or tempfile.mkdtemp(prefix="pipeline-", dir=private.root())
+        out_dir = args.out_dir or tempfile.mkdtemp(prefix="pipeline-", dir=private_dir.root())
         path = os.path.join(out_dir, "digits-pipeline")
         fitted.write().overwrite().save(path)
         loaded = PipelineModel.load(path)

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="where checkpoints go (default: a new temporary directory)",
     )
     args = parser.parse_args(argv)
-    from sparktrain import SparkRunner, private
+    from sparktrain import SparkRunner, private_dir
 
     spark = None
     if args.np > 0:
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
-    ckpt_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="resume-", dir=private.root())
+    ckpt_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="resume-", dir=private_dir.root())
     try:
         runner = SparkRunner(
             np=args.np, max_restarts=2, driver_log_verbosity="log_callback_only", grace_period=2

@@ -24,8 +24,8 @@ from typing import Any
 from sparktrain.cluster import TaskInfo
 from sparktrain.errors import WorkerFailure
 from sparktrain.rendezvous import go_for
-from sparktrain.task.job import TaskJob
-from sparktrain.task.session import TaskSession
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 
 RECORD_COLUMN = "record"

@@ -26,13 +26,13 @@ from sparktrain.cluster import TaskInfo
 from sparktrain.errors import ConfigurationError
 from sparktrain.log import get_logger
 from sparktrain.rendezvous import view_of
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.gpus import gpu_uuids
-from sparktrain.task.job import TaskJob
 from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.netinfo import interface_addresses, name_address
 from sparktrain.task.probe import ProbeListener, settle_interface
-from sparktrain.task.result import deliver
-from sparktrain.task.session import TaskSession
+from sparktrain.task.result_upload import deliver
 from sparktrain.wire import protocol
 from sparktrain.wire.address import listen_address
 

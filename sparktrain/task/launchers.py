@@ -28,8 +28,9 @@ from sparktrain.backends.base import Backend, rank_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 from sparktrain.errors import WorkerFailure
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import STACK_WAIT, RankProcess, dump_all, stop_all
-from sparktrain.task.records import (
+from sparktrain.task.rank_outcomes import (
     clip,
     error_file,
     launch_times,
@@ -37,7 +38,6 @@ from sparktrain.task.records import (
     record,
     with_stack,
 )
-from sparktrain.task.session import TaskSession
 from sparktrain.task.zygotes import zygote_for
 from sparktrain.wire import protocol
 
@@ -81,7 +81,7 @@ class RankLauncher(abc.ABC):
         """Run the ranks of ``tasks`` (partition indices) until they have all ended.
 
         Returns:
-            One record per rank this launcher answers for (see :mod:`sparktrain.task.records`).
+            One record per rank this launcher answers for (see :mod:`sparktrain.task.rank_outcomes`).
         """
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sparktrain.log import get_logger
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 from sparktrain.wire import protocol
 
 _log = get_logger(__name__)

@@ -37,7 +37,7 @@ from typing import cast
 from sparktrain.cluster import ClusterSpec, TaskInfo
 from sparktrain.interfaces import with_interface
 from sparktrain.rendezvous import TaskView
-from sparktrain.task.session import TaskSession
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 
 # Seconds one link is tried for (connect, challenge, answer, again if it fails). A link that

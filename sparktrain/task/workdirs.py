@@ -1,7 +1,7 @@
 """The folders a task keeps its own files in (payload, outcome files), and their cleanup.
 
 Each folder lives in the user's private folder (``<private>/tasks``, see
-:mod:`sparktrain.private`), so no other account can read a payload or plant an outcome file.
+:mod:`sparktrain.private_dir`), so no other account can read a payload or plant an outcome file.
 
 A task removes its folder when it ends. A task that cannot (its Python worker killed with
 SIGKILL, as when the driver dies and its executors go with it) leaves it behind, so every new
@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sparktrain import kept, private
+from sparktrain import kept, private_dir
 from sparktrain.log import get_logger
 
 _log = get_logger(__name__)
@@ -51,7 +51,7 @@ def create(run_id: str, parent: str | None = None, kept_ttl: float | None = None
     The folder is made and locked under a name the sweep does not take for a finished folder,
     then renamed: no sweep ever sees it unlocked. It is removed when the block ends. Where
     another account holds the private folder's name, the folder goes to a fallback folder of
-    this user's (see :func:`sparktrain.private.usable_root`), with a warning naming it.
+    this user's (see :func:`sparktrain.private_dir.usable_root`), with a warning naming it.
 
     Args:
         run_id: the run's id, part of the folder's name (to tell folders apart by eye).
@@ -62,14 +62,14 @@ def create(run_id: str, parent: str | None = None, kept_ttl: float | None = None
     Raises:
         NotPrivateError: no private folder can be had in the temporary folder at all.
     """
-    base = private.usable_folder(TASKS, parent)
+    base = private_dir.usable_folder(TASKS, parent)
     sweep(base)
     kept.sweep(kept_ttl, parent)
     prefix = f"{_STAGING}task-{_safe(run_id)}-{os.getpid()}-"  # the pid only for people
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     fd = -1
     try:
-        fd = os.open(staging / LOCK_FILE, private.EXCLUSIVE, 0o600)
+        fd = os.open(staging / LOCK_FILE, private_dir.EXCLUSIVE, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         path = base / staging.name[len(_STAGING) :]
         os.rename(staging, path)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparktrain import SparkRunner, private
+from sparktrain import SparkRunner, private_dir
 from sparktrain.task import workdirs
 from tests.fixtures import trainers
 from tests.helpers import alive, recorded_pids, wait_for_files
@@ -53,7 +53,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int, how: 
     pids_dir.mkdir()
     tmp = tmp_path / "tmp"  # the driver's and its executors' temporary folder
     tmp.mkdir()
-    tasks = tmp / f"{private.PREFIX}{os.getuid()}" / workdirs.TASKS  # the tasks' own folders
+    tasks = tmp / f"{private_dir.PREFIX}{os.getuid()}" / workdirs.TASKS  # the tasks' own folders
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), str(pids_dir), str(np), how],

@@ -19,12 +19,12 @@ from sparktrain import wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import RunMonitor
-from sparktrain.driver.results import ResultReceiver, all_results
+from sparktrain.driver.result_intake import ResultReceiver, all_results
 from sparktrain.errors import PayloadError, WorkerFailedError
 from sparktrain.payload import dump_result, load_kept
-from sparktrain.task import result as task_result
-from sparktrain.task.job import TaskJob
-from sparktrain.task.session import TaskSession
+from sparktrain.task import result_upload as task_result
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 from tests.unit.test_monitor import Done, FakeLaunch, FakeTask
 

@@ -19,9 +19,9 @@ from sparktrain.driver.preflight import ranks_per_task
 from sparktrain.driver.stage import failed_task
 from sparktrain.errors import CapacityError, ConfigurationError
 from sparktrain.rendezvous import view_of
+from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import DetachedSession
 from sparktrain.task.entry import share
-from sparktrain.task.job import TaskJob
 from tests.unit.test_capacity import FakeSc
 
 GPUS = "spark.task.resource.gpu.amount"

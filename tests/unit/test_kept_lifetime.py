@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import SparkRunner, kept, private
+from sparktrain import SparkRunner, kept, private_dir
 from sparktrain.commands import cli
 from sparktrain.payload import keep_and_say, keep_result
 from tests.accounts import Account
@@ -30,7 +30,7 @@ def _age(path: Path, days: float) -> None:
 
 
 def _kept_files(tmp: Path) -> list[Path]:
-    return sorted((tmp / f"{private.PREFIX}{os.getuid()}" / "results").glob("*.pkl"))
+    return sorted((tmp / f"{private_dir.PREFIX}{os.getuid()}" / "results").glob("*.pkl"))
 
 
 def test_the_message_of_a_kept_result_says_how_long_it_stays_and_how_to_remove_it(
@@ -98,9 +98,9 @@ def test_kept_list_and_clean_on_the_command_line(
     _age(first, 5)
     _age(second, 1)
     # Another account's things beside them are never listed or removed.
-    theirs = tmp / f"{private.PREFIX}{other.uid}"
+    theirs = tmp / f"{private_dir.PREFIX}{other.uid}"
     other.run("mkdir", "-m", "0700", str(theirs))
-    other.run("touch", str(tmp / f"{private.PREFIX}{os.getuid()}-results-x.pkl"))
+    other.run("touch", str(tmp / f"{private_dir.PREFIX}{os.getuid()}-results-x.pkl"))
 
     code, out, err = _cli("kept", "list", capsys=capsys)
     assert code == 0
@@ -119,16 +119,16 @@ def test_kept_list_and_clean_on_the_command_line(
 
     code, out, _err = _cli("kept", "clean", capsys=capsys)
     assert code == 0 and out == f"removed {second}\n" and _kept_files(tmp) == []
-    assert theirs.is_dir() and (tmp / f"{private.PREFIX}{os.getuid()}-results-x.pkl").exists()
+    assert theirs.is_dir() and (tmp / f"{private_dir.PREFIX}{os.getuid()}-results-x.pkl").exists()
 
 
 def test_kept_results_in_a_fallback_folder_are_listed_and_removed_too(
     tmp: Path, other: Account, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    other.run("mkdir", "-m", "0777", str(tmp / f"{private.PREFIX}{os.getuid()}"))
+    other.run("mkdir", "-m", "0777", str(tmp / f"{private_dir.PREFIX}{os.getuid()}"))
     message = keep_and_say(pickle.dumps(2), "f-attempt1-rank0")
     path = Path(message.split("it is kept in ")[1].split(" (")[0])
-    assert path.parent.parent.name.startswith(f"{private.PREFIX}{os.getuid()}-alt-")
+    assert path.parent.parent.name.startswith(f"{private_dir.PREFIX}{os.getuid()}-alt-")
     assert [k.path for k in kept.listing()] == [path]
     code, out, _err = _cli("kept", "clean", capsys=capsys)
     assert code == 0 and out == f"removed {path}\n" and not path.exists()

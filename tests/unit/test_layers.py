@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
         "conf_file",
         "stacks",
         "units",
-        "private",
+        "private_dir",
     ),  # leaves: names, errors, ...
     ("wire",),  # frames, the frame server, the protocol
     (

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import sparktrain
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.errors import PayloadError
 from sparktrain.payload import KEPT_RESULTS, keep_result
 
@@ -33,7 +33,7 @@ class _Runs:
 
 def test_the_callers_own_file_open_to_others_is_refused(tmp: Path) -> None:
     marker = tmp / "code-ran"
-    path = private.folder(KEPT_RESULTS) / "open.pkl"
+    path = private_dir.folder(KEPT_RESULTS) / "open.pkl"
     path.write_bytes(pickle.dumps(_Runs(marker)))
     path.chmod(0o666)
     with pytest.raises(PayloadError, match=r"it is writable by others \(mode 0o666\)"):
@@ -54,7 +54,7 @@ def test_a_file_with_a_second_name_is_refused(tmp: Path) -> None:
 
 
 def test_a_fifo_in_the_files_place_is_refused_without_waiting(tmp: Path) -> None:
-    fifo = private.folder(KEPT_RESULTS) / "fifo.pkl"
+    fifo = private_dir.folder(KEPT_RESULTS) / "fifo.pkl"
     os.mkfifo(fifo, 0o600)
     outcome: queue.Queue[BaseException | object] = queue.Queue()
 
@@ -80,7 +80,7 @@ def test_a_folder_swapped_under_the_call_never_yields_a_file_from_another_folder
 ) -> None:
     # The path goes through a link that a racing thread points at the caller's results
     # folder, then at a folder anyone can write holding a file of the caller's own.
-    good = private.folder(KEPT_RESULTS)
+    good = private_dir.folder(KEPT_RESULTS)
     (good / "r.pkl").write_bytes(pickle.dumps("the kept result"))
     (good / "r.pkl").chmod(0o600)
     other = tmp / "anyones"

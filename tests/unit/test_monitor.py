@@ -33,7 +33,7 @@ from sparktrain.errors import (
     WorkerFailure,
 )
 from sparktrain.payload import dump_call
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 from sparktrain.wire import protocol
 from tests.helpers import wait_for
 

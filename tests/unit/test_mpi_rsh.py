@@ -23,10 +23,10 @@ from sparktrain.backends import get_backend
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.payload import dump_call, load_result
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.mpi.launch import MpiRun, MpiTask
 from sparktrain.task.mpi.peers import PeerServer
-from sparktrain.task.session import TaskSession
 from tests.helpers import alive, wait_for, wait_gone
 
 KEY = b"k" * 32

@@ -19,9 +19,9 @@ from sparktrain.config import RunConfig
 from sparktrain.driver.layout import layout_problem
 from sparktrain.errors import ConfigurationError
 from sparktrain.rendezvous import FRAME_BUDGET, GoAssembler, go_messages, plan, view_of
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import worker_env
-from sparktrain.task.session import TaskSession
 
 SHIM = {contract.HOROVOD_SHIM_ENV: "builtin"}
 

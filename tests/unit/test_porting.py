@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sparktrain import SparkRunner, private
+from sparktrain import SparkRunner, private_dir
 from sparktrain.errors import ConfigurationError, PayloadError, WorkerFailedError
 from sparktrain.task import workdirs
 
@@ -22,7 +22,7 @@ def _work_dirs() -> set[str]:
     """The task folders this process owns (np < 0: the driver is the ranks' task); other
     processes on the machine make and remove their own meanwhile."""
     pattern = f"task-*-{os.getpid()}-*"
-    return {p.name for p in private.folder(workdirs.TASKS).glob(pattern)}
+    return {p.name for p in private_dir.folder(workdirs.TASKS).glob(pattern)}
 
 
 def test_script_runs_on_every_rank_with_its_argv(tmp_path: Path, monkeypatch) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sparktrain.driver.progress import Progress
-from sparktrain.driver.record import AttemptRecord, RunRecord, launch_breakdown
+from sparktrain.driver.run_record import AttemptRecord, RunRecord, launch_breakdown
 
 
 def report(rank=0, step=None, epoch=None, **metrics):

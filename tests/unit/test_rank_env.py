@@ -13,9 +13,9 @@ from sparktrain.backends.torch import TorchBackend
 from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.config import PRIVATE_ENV_PREFIX, RESERVED_ENV, RunConfig
 from sparktrain.errors import ConfigurationError
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import worker_env
-from sparktrain.task.session import TaskSession
 
 DEVICE_INDEX = "_SPARKTRAIN_DEVICE_INDEX"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparktrain.cluster import TaskInfo, build_cluster_spec
-from sparktrain.task.records import rank_record
+from sparktrain.task.rank_outcomes import rank_record
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from sparktrain.config import RunConfig
 from sparktrain.driver import capacity
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.progress import Progress
-from sparktrain.driver.record import RunRecord
+from sparktrain.driver.run_record import RunRecord
 from sparktrain.errors import CapacityError, WorkerFailedError, WorkerFailure
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 
 REFUSAL = (
     "np=4 needs 4 task slots at once (barrier mode), but the cluster has 2 "

@@ -15,8 +15,8 @@ from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.errors import WorkerFailedError, WorkerFailure
 from sparktrain.payload import load_kept
-from sparktrain.task.job import TaskJob
-from sparktrain.task.session import TaskSession
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 
 

@@ -19,14 +19,14 @@ from sparktrain import contract, wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import RunMonitor
-from sparktrain.driver.results import ResultReceiver
-from sparktrain.driver.results import rank0_result as _rank0_result
+from sparktrain.driver.result_intake import ResultReceiver
+from sparktrain.driver.result_intake import rank0_result as _rank0_result
 from sparktrain.driver.stage import FailedTask, failed_task
 from sparktrain.errors import PayloadError, WorkerFailedError, WorkerFailure
 from sparktrain.payload import KEPT_RESULTS, dump_result, keep_result
-from sparktrain.task import result as task_result
-from sparktrain.task.job import TaskJob
-from sparktrain.task.session import TaskSession
+from sparktrain.task import result_upload as task_result
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 from sparktrain.worker import bootstrap
 from tests.unit.test_monitor import Done, FakeLaunch, FakeTask

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import sparktrain
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.data import integrity
 from sparktrain.data.converter import _load_manifest, default_cache_dir
 from sparktrain.data.dataset import MANIFEST_NAME, SparkDatasetConverter, filesystem
@@ -76,7 +76,7 @@ def test_a_private_folder_another_account_made_first_is_not_used_and_the_result_
     kept = Path(message.split("it is kept in ")[1].split(" (")[0])
     fallback = kept.parent.parent
     assert kept.parent.name == "results" and fallback.parent == tmp
-    assert fallback.name.startswith(f"{_mine()}{private.FALLBACK_INFIX}")
+    assert fallback.name.startswith(f"{_mine()}{private_dir.FALLBACK_INFIX}")
     assert sparktrain.load_kept(kept) == {"weights": [1, 2]}
     assert precious.read_text() == "the victim's file"
     assert sorted(p.name for p in (hijacked / "results").iterdir()) == before
@@ -122,7 +122,7 @@ def test_load_kept_refuses_what_another_account_could_have_written(
     with pytest.raises(PayloadError, match=f"can be written by {other.name}"):
         sparktrain.load_kept(theirs / "evil.pkl")
     # ... copied into the victim's own results folder, keeping its owner.
-    results = private.folder("results")
+    results = private_dir.folder("results")
     (results / "evil.pkl").write_bytes((theirs / "evil.pkl").read_bytes())
     os.chown(results / "evil.pkl", other.uid, -1)
     with pytest.raises(PayloadError, match=f"it is owned by {other.name} \\(uid {other.uid}\\)"):
@@ -268,8 +268,8 @@ def test_an_unusable_private_folder_says_whose_it_is_and_the_way_out(
     tmp: Path, other: Account
 ) -> None:
     other.run("ln", "-s", str(tmp), str(tmp / _mine()))
-    with pytest.raises(private.NotPrivateError) as info:
-        private.root()
+    with pytest.raises(private_dir.NotPrivateError) as info:
+        private_dir.root()
     message = str(info.value)
     assert f"{tmp / _mine()} is a symbolic link (owner {other.name} (uid {other.uid})" in message
     assert "set TMPDIR" in message

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import sparktrain
-from sparktrain import SparkRunner, WorkerFailedError, private
+from sparktrain import SparkRunner, WorkerFailedError, private_dir
 from sparktrain.task import workdirs
 from tests.accounts import CHECKOUT, Account, need_root
 from tests.fixtures import host_files
@@ -36,7 +36,7 @@ def test_folders_planted_in_the_temporary_folder_stop_no_run(tmp: Path, other: A
     # leaves odd things among the task folders: a name too big for a pid, a file, a link to a
     # folder of the victim's that looks like a dead task's.
     other.run("mkdir", str(tmp / OVERFLOW))
-    tasks = private.folder(workdirs.TASKS)
+    tasks = private_dir.folder(workdirs.TASKS)
     (tasks / "task-abcdef-99999999999999999999-x").mkdir()
     (tasks / "task-file").write_text("not a folder")
     precious = tmp / "precious"
@@ -89,14 +89,14 @@ def _sweep_in_a_new_pid_namespace(tmp: Path, owner_pid: int) -> list[str]:
     """Sweep as a process in its own pid namespace (another container sharing /tmp and uid)."""
     code = (
         "import os\n"
-        "from sparktrain import private\n"
+        "from sparktrain import private_dir\n"
         "from sparktrain.task import workdirs\n"
         "try:\n"
         f"    os.kill({owner_pid}, 0)\n"
         "    print('owner visible')\n"
         "except ProcessLookupError:\n"
         "    print('owner invisible')\n"
-        "print(*workdirs.sweep(private.folder(workdirs.TASKS)))\n"
+        "print(*workdirs.sweep(private_dir.folder(workdirs.TASKS)))\n"
     )
     done = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code],
@@ -133,7 +133,7 @@ def test_a_rank_that_outlives_its_task_does_not_keep_the_folder(tmp: Path) -> No
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         assert psutil.pid_exists(child)  # the child lives on, and holds no lock
-        assert workdirs.sweep(private.folder(workdirs.TASKS)) == [path]
+        assert workdirs.sweep(private_dir.folder(workdirs.TASKS)) == [path]
     finally:
         owner.kill()
         owner.wait()
@@ -169,7 +169,7 @@ def test_a_local_run_keeps_its_files_in_the_real_private_folder(
 def test_the_sweep_leaves_what_it_cannot_judge_and_says_so_once(
     tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tasks = private.folder(workdirs.TASKS)
+    tasks = private_dir.folder(workdirs.TASKS)
     for name in ("task-a", "task-b", "task-c"):
         (tasks / name).mkdir()
     os.mkfifo(tasks / "task-a" / workdirs.LOCK_FILE)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import sparktrain
-from sparktrain import SparkRunner, private
+from sparktrain import SparkRunner, private_dir
 from sparktrain.data.converter import default_cache_dir
 from sparktrain.payload import keep_and_say
 from tests.accounts import Account
@@ -23,7 +23,7 @@ from tests.fixtures import host_files
 
 def _squat(other: Account, tmp: Path) -> Path:
     """The other account makes the user's private folder's name first, open to everyone."""
-    taken = tmp / f"{private.PREFIX}{os.getuid()}"
+    taken = tmp / f"{private_dir.PREFIX}{os.getuid()}"
     other.run("mkdir", "-m", "0777", str(taken))
     return taken
 
@@ -44,7 +44,9 @@ def test_a_squatted_private_folder_does_not_stop_a_local_run(
     tasks = Path(first["own_folder"]).parent
     fallback = tasks.parent
     assert tasks.name == "tasks" and fallback.parent == tmp
-    assert fallback.name.startswith(f"{private.PREFIX}{os.getuid()}{private.FALLBACK_INFIX}")
+    assert fallback.name.startswith(
+        f"{private_dir.PREFIX}{os.getuid()}{private_dir.FALLBACK_INFIX}"
+    )
     info = os.lstat(fallback)
     assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
     assert Path(second["own_folder"]).parent == tasks  # the next run reuses it
@@ -73,9 +75,9 @@ def test_a_folder_named_like_a_fallback_by_another_account_is_never_used(
     tmp: Path, other: Account
 ) -> None:
     _squat(other, tmp)
-    decoy = tmp / f"{private.PREFIX}{os.getuid()}{private.FALLBACK_INFIX}0000"
+    decoy = tmp / f"{private_dir.PREFIX}{os.getuid()}{private_dir.FALLBACK_INFIX}0000"
     other.run("mkdir", "-m", "0777", str(decoy))
-    chosen = private.usable_root()
+    chosen = private_dir.usable_root()
     assert chosen != decoy and chosen.parent == tmp
     assert os.lstat(chosen).st_uid == os.getuid() and os.listdir(decoy) == []
 
@@ -85,5 +87,5 @@ def test_a_temporary_folder_others_can_rename_in_is_still_refused(tmp_path: Path
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
-    with pytest.raises(private.NotPrivateError, match="without the sticky bit"):
-        private.usable_root(open_dir)
+    with pytest.raises(private_dir.NotPrivateError, match="without the sticky bit"):
+        private_dir.usable_root(open_dir)

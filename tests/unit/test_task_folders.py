@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from sparktrain import private
+from sparktrain import private_dir
 from sparktrain.task import workdirs
 
 
@@ -22,7 +22,7 @@ def _half_made(base: Path, name: str) -> Path:
 
 
 def test_a_folder_being_made_is_left_alone_and_a_stale_one_is_removed(tmp_path: Path) -> None:
-    base = private.folder(workdirs.TASKS, tmp_path)
+    base = private_dir.folder(workdirs.TASKS, tmp_path)
     fresh = _half_made(base, "fresh")
     stale = _half_made(base, "stale")
     old = time.time() - workdirs.STAGING_GRACE - 1
@@ -52,4 +52,6 @@ def test_tasks_starting_together_all_get_their_folders(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(30)
     assert errors == [] and len(made) == 16
-    assert list(private.folder(workdirs.TASKS, tmp_path).iterdir()) == []  # each removed its own
+    assert (
+        list(private_dir.folder(workdirs.TASKS, tmp_path).iterdir()) == []
+    )  # each removed its own

@@ -16,7 +16,7 @@ from sparktrain import contract, wire
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.run import MpiRun
 from sparktrain.task.process import RankProcess
-from sparktrain.task.records import clip, read_errors
+from sparktrain.task.rank_outcomes import clip, read_errors
 from sparktrain.wire import protocol
 
 LAUNCHER_LINK = -2  # event id of a member task's connection to the launcher

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain.backends.base import Backend
 from sparktrain.cluster import ClusterSpec
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import Exchange, RankLauncher
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.hosts import LAUNCHER_LINK, HostDaemons, LauncherLink
@@ -34,7 +35,6 @@ from sparktrain.task.mpi.mpirun import MPIRUN, Mpirun
 from sparktrain.task.mpi.peers import PeerServer
 from sparktrain.task.mpi.run import LAUNCHER_SLACK, MpiRun
 from sparktrain.task.process import RankProcess, stop_all
-from sparktrain.task.session import TaskSession
 from sparktrain.wire import protocol
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 mpirun runs under the guard (:mod:`sparktrain.task.mpi.guard`) with ``--tag-output``; its
 output is split back into per-rank lines for the driver. Once it has ended, the launcher waits
 (within a bound) for every other host's report of the error records its ranks wrote, and
-builds the records of all ranks (:func:`sparktrain.task.records.mpi_records`).
+builds the records of all ranks (:func:`sparktrain.task.rank_outcomes.mpi_records`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sparktrain import contract
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.run import MpiRun
 from sparktrain.task.process import TAIL_LINES, RankProcess
-from sparktrain.task.records import mpi_records, read_errors
+from sparktrain.task.rank_outcomes import mpi_records, read_errors
 from sparktrain.wire import protocol
 
 if TYPE_CHECKING:

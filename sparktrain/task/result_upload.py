@@ -22,7 +22,7 @@ from typing import Any
 from sparktrain import wire
 from sparktrain.errors import WorkerFailure
 from sparktrain.payload import keep_and_say, kept_result_name
-from sparktrain.task.session import TaskSession
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 
 # Bytes per message: a frame holds 1 MiB, with room to spare for the message's JSON.

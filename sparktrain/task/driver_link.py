@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sparktrain import contract, private, wire
+from sparktrain import contract, private_dir, wire
 from sparktrain.backends.base import attempt_env
 from sparktrain.cluster import RankSpec
 from sparktrain.rendezvous import GoAssembler
 from sparktrain.task import workdirs
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 from sparktrain.task.logs import LogForwarder, RankFiles, log_folder
 from sparktrain.wire import protocol
 
@@ -248,7 +248,7 @@ class TaskSession:
         however the ranks end.
         """
         with workdirs.create(self.job.run_id, kept_ttl=self.config.kept_results_ttl) as path:
-            fd = os.open(path / contract.PAYLOAD_FILE, private.EXCLUSIVE, 0o600)
+            fd = os.open(path / contract.PAYLOAD_FILE, private_dir.EXCLUSIVE, 0o600)
             with os.fdopen(fd, "wb") as out:
                 out.write(self.job.payload)
             yield path

@@ -1,4 +1,4 @@
-"""Results as they arrive over the channel, in pieces (see :mod:`sparktrain.task.result`), and
+"""Results as they arrive over the channel, in pieces (see :mod:`sparktrain.task.result_upload`), and
 the value a run returns from its ranks' records.
 
 The pieces of one task's result must come in order and add up to the size and SHA-256 its

@@ -44,7 +44,7 @@ def launch_breakdown(
     clock, so hosts' clocks need not agree.
 
     Args:
-        times: rank 0's timestamps (see sparktrain.task.records.launch_times), or None.
+        times: rank 0's timestamps (see sparktrain.task.rank_outcomes.launch_times), or None.
         training: the attempt's ``training`` phase, seconds, if it has one.
     """
     if not times:
