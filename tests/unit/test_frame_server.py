@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sparktrain import wire
+from sparktrain.wire import intake as intake_mod
 from sparktrain.wire import server as server_mod
 from sparktrain.wire.frames import MAGIC, NONCE_BYTES
 
@@ -98,7 +99,7 @@ def test_a_large_first_frame_is_refused_before_its_body_is_read(collecting: Coll
 def test_a_trickle_of_bytes_does_not_hold_a_connection_open(
     collecting: Collecting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server_mod, "AUTH_TIMEOUT", 0.5)
+    monkeypatch.setattr(intake_mod, "AUTH_TIMEOUT", 0.5)
     sock, nonce = raw_connect(collecting.server)
     frame = wire.encode(b"w" * 32, nonce, wire.TO_SERVER, 0, {"type": "log", "line": "x" * 200})
     gone = False
@@ -298,8 +299,8 @@ def test_a_peer_that_never_reads_does_not_block_sends_to_others(collecting: Coll
 def test_an_idle_authenticated_connection_is_kept(
     collecting: Collecting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server_mod, "AUTH_TIMEOUT", 0.2)
-    monkeypatch.setattr(server_mod, "FRAME_TIMEOUT", 0.2)
+    monkeypatch.setattr(intake_mod, "AUTH_TIMEOUT", 0.2)
+    monkeypatch.setattr(intake_mod, "FRAME_TIMEOUT", 0.2)
     client = wire.ChannelClient(collecting.server.address, KEY, timeout=5)
     try:
         client.send({"n": 0})
@@ -317,7 +318,7 @@ def test_an_idle_authenticated_connection_is_kept(
 def test_half_a_frame_from_an_authenticated_peer_is_held_to_the_frame_deadline(
     collecting: Collecting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server_mod, "FRAME_TIMEOUT", 0.3)
+    monkeypatch.setattr(intake_mod, "FRAME_TIMEOUT", 0.3)
     sock, nonce = raw_connect(collecting.server)
     try:
         sock.sendall(wire.encode(KEY, nonce, wire.TO_SERVER, 0, {"type": "auth"}))
