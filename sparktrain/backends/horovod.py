@@ -25,10 +25,8 @@ refused where nodes are tasks.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import ipaddress
 import math
-import mmap
 import shutil
 import threading
 from collections.abc import Mapping
@@ -37,6 +35,13 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
+from sparktrain.backends.horovod_install import (
+    INSTALL_HINT,
+    _links_mpi,
+    builtin_reason,
+    horovod_torch_library,
+    installed_horovod,
+)
 from sparktrain.backends.torch import COLLECTIVE_DEFAULTS, is_loopback, loopback_env
 from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import MPI_TASK_NODES, RunConfig, conf_key
@@ -45,15 +50,6 @@ from sparktrain.errors import ConfigurationError, SparkTrainError
 LAUNCHERS = (None, "gloo", "mpi")
 ADDR_KEY = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 PORT_KEY = "HOROVOD_GLOO_RENDEZVOUS_PORT"
-
-INSTALL_HINT = (
-    "Horovod with PyTorch support is needed for backend='horovod'. Horovod 0.28.1 does not "
-    "build as-is against torch >= 2.1: run `sparktrain install-horovod` (it builds it with "
-    "Gloo, and MPI when Open MPI is installed, in ~12 min on 2 cores), or build it yourself with HOROVOD_WITH_PYTORCH=1 "
-    "HOROVOD_WITH_GLOO=1 and a C++17 compiler: pip install --no-build-isolation horovod. "
-    "On a Spark cluster it must be installed in the executors' Python environment too. "
-    "Or use backend='torch'."
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,64 +145,6 @@ def horovod_slot(spec: ClusterSpec, rank: RankSpec) -> HorovodSlot:
     )
 
 
-def _horovod_spec() -> Any:
-    return installed_horovod()
-
-
-def installed_horovod() -> Any:
-    """The module spec of an installed Horovod, or None (not installed, or only the driver's
-    stand-in that ``sparktrain-horovod.pth`` provides, see ``_sparktrain_horovod``)."""
-    try:
-        spec = importlib.util.find_spec("horovod")
-    except (ImportError, ValueError):  # an import hook that hides it, or a broken install
-        return None
-    if spec is not None and type(spec.loader).__module__ == "_sparktrain_horovod":
-        return None
-    return spec
-
-
-def horovod_torch_library() -> Path | None:
-    """The installed ``horovod.torch`` extension, found without importing torch or Horovod.
-
-    Returns:
-        The path of ``horovod/torch/mpi_lib_v2*.so``, or ``None`` when Horovod is not
-        installed or was built without PyTorch.
-    """
-    spec = _horovod_spec()
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        for lib in sorted(Path(location, "torch").glob("mpi_lib_v2*")):
-            return lib
-    return None
-
-
-def _links_mpi(library: Path) -> bool:
-    """Whether a Horovod extension was linked against an MPI library."""
-    try:
-        with library.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return m.find(b"libmpi") >= 0
-    except (OSError, ValueError):
-        return True  # cannot tell: let hvd.init() say
-
-
-def builtin_reason(config: RunConfig) -> str | None:
-    """Why the ranks use sparktrain's built-in ``horovod.torch``, or None when they use Horovod.
-
-    ``horovod_impl="auto"`` picks the built-in one when this process finds no usable
-    ``horovod.torch`` (on a Spark cluster, rank 0's task decides for every rank).
-    """
-    if config.horovod_impl == "builtin":
-        return f"chosen by horovod_impl='builtin' ({conf_key('horovod_impl')})"
-    if config.horovod_impl == "horovod" or config.launcher == "mpi":
-        return None
-    if _horovod_spec() is None:
-        return "Horovod is not installed"
-    if horovod_torch_library() is None:
-        return "Horovod is installed without horovod.torch"
-    return None
-
-
 def gloo_name_problem(spec: ClusterSpec) -> str | None:
     """Why Horovod's Gloo cannot connect these hosts, or None.
 
@@ -270,7 +208,7 @@ class HorovodBackend(Backend):
             return
         if config.horovod_impl is None and config.launcher != "mpi":
             return  # auto: Horovod where the ranks find it, else the built-in one
-        if _horovod_spec() is None:
+        if installed_horovod() is None:
             raise ConfigurationError(f"Horovod is not installed. {INSTALL_HINT}")
         library = horovod_torch_library()
         if library is None:

@@ -271,7 +271,7 @@ print(json.dumps({"version": horovod.__version__, "gloo": bool(hvd.gloo_built())
 
 def check_horovod() -> list[Check]:
     """Horovod, where installed, imports with torch and was built with Gloo or MPI."""
-    from sparktrain.backends.horovod import installed_horovod
+    from sparktrain.backends.horovod_install import installed_horovod
 
     if installed_horovod() is None:  # the driver's stand-in is not Horovod
         detail = (

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from sparktrain import HorovodRunner
-from sparktrain.backends.horovod import _links_mpi, horovod_torch_library
+from sparktrain.backends.horovod_install import _links_mpi, horovod_torch_library
 from tests.fixtures import hvd_trainers
 
 _LIBRARY = horovod_torch_library()

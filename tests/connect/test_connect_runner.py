@@ -9,7 +9,7 @@ import os
 import pytest
 
 from sparktrain import HorovodRunner, RunTimeoutError, SparkRunner, WorkerFailedError
-from sparktrain.backends.horovod import horovod_torch_library
+from sparktrain.backends.horovod_install import horovod_torch_library
 from tests.fixtures import hvd_trainers, resumable, trainers
 from tests.helpers import alive, interrupt_once_started, recorded_pids
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain.backends.horovod import horovod_torch_library
+from sparktrain.backends.horovod_install import horovod_torch_library
 from sparktrain.checkpoint import load_latest
 
 MODES = [

@@ -87,7 +87,7 @@ def test_the_stand_in_is_only_a_stand_in(no_horovod: Path) -> None:
     installed Horovod to sparktrain's checks, and gone with SPARKTRAIN_HOROVOD_STANDIN=0."""
     code = (
         "import importlib.util, horovod.torch as hvd\n"
-        "from sparktrain.backends.horovod import installed_horovod\n"
+        "from sparktrain.backends.horovod_install import installed_horovod\n"
         "from sparktrain.hvdcompat import api\n"
         "print(hvd.Average is api.Average, hvd.Compression.fp16 is api.Compression.fp16)\n"
         "print(importlib.util.find_spec('horovod') is not None, installed_horovod())\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparktrain import HorovodRunner, RendezvousTimeoutError, RunTimeoutError, WorkerFailedError
-from sparktrain.backends.horovod import _links_mpi, horovod_torch_library
+from sparktrain.backends.horovod_install import _links_mpi, horovod_torch_library
 from tests.conftest import ranks
 from tests.fixtures import hvd_trainers
 from tests.helpers import alive, recorded_pids

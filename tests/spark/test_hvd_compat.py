@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sparktrain import SparkRunner, WorkerFailedError
-from sparktrain.backends.horovod import horovod_torch_library
+from sparktrain.backends.horovod_install import horovod_torch_library
 from tests.conftest import ROOT, ranks
 from tests.fixtures import hvd_compat, hvd_trainers
 

@@ -13,6 +13,7 @@ import pytest
 from sparktrain import contract
 from sparktrain.backends import get_backend
 from sparktrain.backends import horovod as hb
+from sparktrain.backends import horovod_install as hi
 from sparktrain.backends.base import rank_env
 from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
@@ -93,7 +94,7 @@ def test_horovod_env_agrees_with_rank_env(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_horovod_slots_match_horovods_host_assignments(name: str) -> None:
-    if hb.installed_horovod() is None:  # not sparktrain's driver stand-in either
+    if hi.installed_horovod() is None:  # not sparktrain's driver stand-in either
         pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
@@ -196,7 +197,7 @@ def test_check_horovod_without_torch_extension(
         get_backend("horovod").check(RunConfig(np=2, backend="horovod", horovod_impl="horovod"))
     # auto: the ranks get the built-in horovod.torch instead.
     get_backend("horovod").check(RunConfig(np=2, backend="horovod"))
-    assert hb.builtin_reason(RunConfig(np=2, backend="horovod")) == (
+    assert hi.builtin_reason(RunConfig(np=2, backend="horovod")) == (
         "Horovod is installed without horovod.torch"
     )
 
@@ -244,8 +245,8 @@ def test_check_gloo_with_horovod_passes(fake_horovod: Path) -> None:
         RunConfig(np=2, backend="horovod", horovod_impl="horovod"),
     ):
         get_backend("horovod").check(config)
-        assert hb.builtin_reason(config) is None  # the ranks use the installed Horovod
-    assert hb.horovod_torch_library() == fake_horovod
+        assert hi.builtin_reason(config) is None  # the ranks use the installed Horovod
+    assert hi.horovod_torch_library() == fake_horovod
 
 
 def test_check_mpi_without_mpirun(monkeypatch: pytest.MonkeyPatch, fake_horovod: Path) -> None:
@@ -273,8 +274,8 @@ def test_check_mpi_with_everything_passes(
     config = RunConfig(np=2, backend="horovod", launcher="mpi")
     get_backend("horovod").check(config)
     assert looked_up == ["mpirun"]  # it looked for mpirun, and found the extension links MPI
-    assert hb._links_mpi(fake_horovod) is True
-    assert hb.builtin_reason(config) is None
+    assert hi._links_mpi(fake_horovod) is True
+    assert hi.builtin_reason(config) is None
 
 
 # -- the built-in horovod.torch (sparktrain.hvdcompat) --------------------------------------
@@ -318,9 +319,9 @@ def test_auto_without_horovod_uses_the_builtin_one(
 def test_builtin_setting_wins_over_installed_horovod(fake_horovod: Path) -> None:
     config = RunConfig(np=2, backend="horovod", horovod_impl="builtin")
     get_backend("horovod").check(config)
-    reason = hb.builtin_reason(config)
+    reason = hi.builtin_reason(config)
     assert reason == "chosen by horovod_impl='builtin' (spark.sparktrain.horovodImpl)"
-    assert hb.builtin_reason(RunConfig(np=2, backend="horovod")) is None  # auto: the real one
+    assert hi.builtin_reason(RunConfig(np=2, backend="horovod")) is None  # auto: the real one
 
 
 def test_builtin_with_mpi_launcher_is_refused() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import rank_env
-from sparktrain.backends.horovod import horovod_slots, horovod_torch_library
+from sparktrain.backends.horovod import horovod_slots
+from sparktrain.backends.horovod_install import horovod_torch_library
 from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 
