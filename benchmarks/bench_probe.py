@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from instruments import require
 
-from sparktrain.cluster import TaskInfo
+from sparktrain.layout.cluster import TaskInfo
 from sparktrain.task.netinfo import interface_addresses, name_address
 from sparktrain.task.probe import ProbeListener, probe
 

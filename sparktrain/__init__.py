@@ -8,13 +8,13 @@ Example:
 Where the code runs (each folder is a boundary; a module imports only from its own layer or
 the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 
-- ``contract``, ``errors``, ``log``, ``conf_file``, ``stacks``, ``private_dir``: leaves every
-  process shares (the names that cross a process boundary, the error tree, logging, the
-  conf-file parser, reading a rank's stack dump, the user's private folder on a host);
+- ``contract``, ``errors``, ``log``, ``stacks``, ``units``, ``private_dir``: leaves every
+  process shares (the names that cross a process boundary, the error tree, logging, reading
+  a rank's stack dump, durations and sizes, the user's private folder on a host);
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every
   message kind;
-- ``config``, ``cluster``, ``rendezvous``, ``payload``: a run's settings, its layout (and
-  the part of it each task is sent), its pickles;
+- ``config/``, ``layout/``, ``shipping/``: a run's settings, its layout (and the part of it
+  each task is sent), what crosses to the ranks and back (its pickles);
 - ``backends/``: how ranks find each other (torch.distributed, Horovod);
 - ``worker/``: inside a rank's process (never imports pyspark);
 - ``checkpoint/``, ``data/``, ``plot``: libraries for the training function and the notebook;
@@ -54,7 +54,7 @@ _WHERE = {
     "attempt": "sparktrain.worker.context",
     "default_backend": "sparktrain.worker.context",
     "distributed": "sparktrain.decorator",
-    "load_kept": "sparktrain.payload",
+    "load_kept": "sparktrain.shipping.payload",
     "local_rank": "sparktrain.worker.context",
     "local_world_size": "sparktrain.worker.context",
     "log_to_driver": "sparktrain.worker.context",
@@ -80,8 +80,8 @@ if TYPE_CHECKING:  # what type checkers and the API reference read
         WorkerFailedError,
         WorkerFailure,
     )
-    from sparktrain.payload import load_kept
     from sparktrain.runner import HorovodRunner, SparkRunner
+    from sparktrain.shipping.payload import load_kept
     from sparktrain.worker.context import (
         attempt,
         default_backend,

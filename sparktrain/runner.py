@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparktrain import kept
 from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig, conf_keys
 from sparktrain.driver.attempts import Attempts
@@ -24,9 +23,10 @@ from sparktrain.driver.python_probe import check_executor_python
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
-from sparktrain.payload import dump_call, dumps
-from sparktrain.script import run_script, script_call
-from sparktrain.signature import check_call
+from sparktrain.shipping import kept
+from sparktrain.shipping.payload import dump_call, dumps
+from sparktrain.shipping.script import run_script, script_call
+from sparktrain.shipping.signature import check_call
 from sparktrain.task.assignment import TaskJob
 
 

@@ -76,7 +76,7 @@ def need_python(account: Account) -> None:
     probe = account.run(
         SYSTEM_PYTHON,
         "-c",
-        "import sys, sparktrain.payload; print(sys.version_info[:2])",
+        "import sys, sparktrain.shipping.payload; print(sys.version_info[:2])",
         env={"PYTHONPATH": f"{CHECKOUT}{os.pathsep}{PACKAGES}"},
         check=False,
     )

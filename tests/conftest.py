@@ -15,7 +15,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from sparktrain.conf_file import read_conf_file
+from sparktrain.config.conf_file import read_conf_file
 from tests import fixtures
 
 pytest_plugins = ["tests.tier_times"]

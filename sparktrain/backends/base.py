@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from sparktrain import contract
-from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
+from sparktrain.layout.cluster import ClusterSpec, RankSpec
 
 
 class Backend(abc.ABC):
@@ -59,7 +59,7 @@ def visible_devices(spec: ClusterSpec, rank: RankSpec) -> list[str]:
     """GPU addresses a rank sees, ordered so that device ``local_rank`` is its own.
 
     Every rank sees the GPUs of all ranks of its node (its host, or its Spark task: see
-    :func:`~sparktrain.cluster.node_rule`), ordered by local rank, so both
+    :func:`~sparktrain.layout.cluster.node_rule`), ordered by local rank, so both
     ``cuda:{LOCAL_RANK}`` (DDP tutorials, and every framework that picks its device from the
     local rank) and ``hvd.local_rank()`` pinning select the GPU Spark assigned to this rank.
     A task that holds k GPUs runs k ranks, one per GPU, each a slot of its own here, so the
@@ -81,7 +81,7 @@ def rank_env(spec: ClusterSpec, rank: RankSpec, config: RunConfig) -> dict[str, 
 
     The place is torchrun's (with one role, ``default``, so a role's ranks are the job's):
     frameworks that know torchrun read their world from it. ``LOCAL_*``, ``NODE_RANK`` and
-    ``GROUP_*`` count nodes as :func:`~sparktrain.cluster.node_rule` says.
+    ``GROUP_*`` count nodes as :func:`~sparktrain.layout.cluster.node_rule` says.
     """
     env = {
         "RANK": str(rank.rank),

@@ -16,7 +16,7 @@ rank uses the same implementation.
 ``cross_<local_rank>``. :meth:`HorovodBackend.prepare` starts that store (the one
 ``horovodrun --gloo`` starts) where rank 0 runs, sized by the same plan :func:`horovod_slots`
 derives from the ClusterSpec, so Horovod's ranks are exactly sparktrain's ``RANK``. Horovod's
-"hosts" are sparktrain's nodes (:func:`~sparktrain.cluster.node_rule`): where every Spark task
+"hosts" are sparktrain's nodes (:func:`~sparktrain.layout.cluster.node_rule`): where every Spark task
 is a node, each task is a host of its own to Horovod, so ``hvd.local_rank()`` is
 ``LOCAL_RANK``. mpirun counts ranks per host whatever it is told, so ``launcher="mpi"`` is
 refused where nodes are tasks.
@@ -43,9 +43,9 @@ from sparktrain.backends.horovod_install import (
     installed_horovod,
 )
 from sparktrain.backends.torch import COLLECTIVE_DEFAULTS, is_loopback, loopback_env
-from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import MPI_TASK_NODES, RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
+from sparktrain.layout.cluster import ClusterSpec, RankSpec
 
 LAUNCHERS = (None, "gloo", "mpi")
 ADDR_KEY = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
@@ -94,7 +94,7 @@ def horovod_slots(spec: ClusterSpec) -> tuple[HorovodSlot, ...]:
     ``node0:n0,node1:n1,...`` in node-rank order: ranks contiguous per node, ``cross_rank``
     the position of the node among the nodes that have a rank with the same local rank (in
     node-rank order) and ``cross_size`` the number of those nodes. It needs the node list
-    (:attr:`~sparktrain.cluster.ClusterSpec.node_sizes`, which rank 0's task holds, where
+    (:attr:`~sparktrain.layout.cluster.ClusterSpec.node_sizes`, which rank 0's task holds, where
     Horovod's rendezvous server is sized); one rank's fields are :func:`horovod_slot`'s.
 
     Raises:
@@ -132,7 +132,7 @@ def horovod_slot(spec: ClusterSpec, rank: RankSpec) -> HorovodSlot:
 
     Local rank and size are the spec's, so ``HOROVOD_LOCAL_RANK`` always equals
     ``LOCAL_RANK``; cross rank and size were computed with the layout
-    (:func:`~sparktrain.cluster.build_cluster_spec`).
+    (:func:`~sparktrain.layout.cluster.build_cluster_spec`).
     """
     return HorovodSlot(
         hostname=spec.node_name(rank),

@@ -10,9 +10,9 @@ import psutil
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, interface_env
-from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 from sparktrain.errors import ConfigurationError
+from sparktrain.layout.cluster import ClusterSpec, RankSpec
 
 # A collective that times out (init_process_group's timeout, 10 minutes for NCCL by default)
 # or fails ends the rank's process instead of leaving it blocked, as torchrun sets it. Each

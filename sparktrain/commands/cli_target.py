@@ -1,7 +1,7 @@
 """TARGET of ``sparktrain run``: a script or ``module:function``, made into the rank function.
 
 :func:`resolve_target` runs on the driver: it reads a script's source (see
-:mod:`sparktrain.script`), or imports a function and ships its module by value when
+:mod:`sparktrain.shipping.script`), or imports a function and ships its module by value when
 executors cannot import it themselves.
 """
 
@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from sparktrain.errors import PayloadError
-from sparktrain.script import run_script, script_call
+from sparktrain.shipping.script import run_script, script_call
 
 
 class UsageError(Exception):

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparktrain.conf_file import read_conf_file
+from sparktrain.config.conf_file import read_conf_file
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 ESSENTIALS = ("python", "torch")

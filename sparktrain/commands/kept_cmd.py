@@ -1,7 +1,7 @@
 """``sparktrain kept list`` and ``sparktrain kept clean``: this user's kept results on this host.
 
 A result that could not be returned is kept on the host where it was (see
-:mod:`sparktrain.kept`); runs remove those older than ``kept_results_ttl`` by themselves, and
+:mod:`sparktrain.shipping.kept`); runs remove those older than ``kept_results_ttl`` by themselves, and
 these commands show them and remove them at once.
 """
 
@@ -49,7 +49,7 @@ def add_parser(commands: Any) -> None:
 def cmd_kept(options: argparse.Namespace, out: Any, err: Any) -> int:
     """Run ``sparktrain kept list`` or ``clean``; returns the exit code (1: something could
     not be removed)."""
-    from sparktrain import kept
+    from sparktrain.shipping import kept
 
     if options.kept_command == "list":
         found = kept.listing(options.tmpdir)

@@ -10,15 +10,15 @@ from types import MappingProxyType
 from typing import Any
 
 from sparktrain.config.keys import conf_key_of, text_as
+from sparktrain.config.mpi_args import parse_mpi_args
 from sparktrain.contract import PLACE_VARIABLES
 from sparktrain.errors import ConfigurationError
-from sparktrain.mpi_args import parse_mpi_args
 from sparktrain.units import parse_duration, parse_names, parse_size
 
 VERBOSITIES = ("all", "log_callback_only")
 STALL_ACTIONS = ("warn", "fail")
 HOROVOD_IMPLS = ("horovod", "builtin")
-# What a node is, for LOCAL_RANK and the like (see sparktrain.cluster.node_rule).
+# What a node is, for LOCAL_RANK and the like (see sparktrain.layout.cluster.node_rule).
 NODE_RULES = ("auto", "host", "task")
 # Why launcher="mpi" cannot run where every Spark task is a node.
 MPI_TASK_NODES = (

@@ -8,8 +8,8 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
+from sparktrain.config.mpi_args import parse_mpi_args
 from sparktrain.errors import ConfigurationError
-from sparktrain.mpi_args import parse_mpi_args
 from sparktrain.units import (
     format_duration,
     format_size,

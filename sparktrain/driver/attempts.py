@@ -32,7 +32,7 @@ from sparktrain.errors import (
     WorkerFailedError,
 )
 from sparktrain.log import get_logger
-from sparktrain.payload import kept_result_name
+from sparktrain.shipping.payload import kept_result_name
 from sparktrain.task.assignment import TaskJob
 from sparktrain.wire.address import listen_address
 

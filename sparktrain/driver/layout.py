@@ -6,16 +6,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparktrain.backends import get_backend
-from sparktrain.cluster import (
+from sparktrain.config import RunConfig, conf_key
+from sparktrain.layout.cluster import (
     ClusterSpec,
     TaskInfo,
     build_cluster_spec,
     gpu_double_booking,
     gpu_numbering_clash,
 )
-from sparktrain.config import RunConfig, conf_key
-from sparktrain.interfaces import Reached, choose_interface, missing_nics
-from sparktrain.rendezvous import Layout, plan, probe_plan, whole_for_rank0
+from sparktrain.layout.interfaces import Reached, choose_interface, missing_nics
+from sparktrain.layout.rendezvous import Layout, plan, probe_plan, whole_for_rank0
 
 
 def layout_problem(

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from typing import Any, Protocol, TextIO
 
-from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
@@ -34,8 +33,9 @@ from sparktrain.errors import (
     WorkerFailure,
     describe_stopped,
 )
+from sparktrain.layout.cluster import TaskInfo
+from sparktrain.layout.rendezvous import go_messages
 from sparktrain.log import get_logger
-from sparktrain.rendezvous import go_messages
 from sparktrain.task.process import STACK_WAIT
 from sparktrain.wire import protocol
 
@@ -420,7 +420,7 @@ class RunMonitor:
 
     def _go(self) -> SparkTrainError | None:
         """Every task has arrived: map them to ranks once, and send each connection its tasks'
-        part of the layout (see :mod:`sparktrain.rendezvous`); or refuse the layout."""
+        part of the layout (see :mod:`sparktrain.layout.rendezvous`); or refuse the layout."""
         # By index, not arrival: a message names the tasks in a stable order.
         tasks = [TaskInfo.from_json(self.infos[i]) for i in range(self.n)]
         layout = plan_for(tasks, self.config)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparktrain.errors import PayloadError
-from sparktrain.payload import keep_and_say, load_result
+from sparktrain.shipping.payload import keep_and_say, load_result
 
 
 class ResultReceiver:
@@ -100,7 +100,7 @@ class ResultReceiver:
         Args:
             rank_of: each task index's rank.
             name: the name of rank 0's kept file (see
-                :func:`sparktrain.payload.kept_result_name`); ``rank0`` becomes each rank's.
+                :func:`sparktrain.shipping.payload.kept_result_name`); ``rank0`` becomes each rank's.
         """
         base = name.removesuffix("rank0")
         kept = []

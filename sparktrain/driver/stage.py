@@ -116,7 +116,7 @@ _LOST_TASK = re.compile(
 def failed_task(error: BaseException, ranks_per_task: int = 1) -> FailedTask | None:
     """The task that made a Spark job fail, when Spark's message names it.
 
-    Its ``index`` is that of its first slot (see :class:`~sparktrain.cluster.TaskInfo`):
+    Its ``index`` is that of its first slot (see :class:`~sparktrain.layout.cluster.TaskInfo`):
     Spark's partition times ``ranks_per_task``.
     """
     found = _LOST_TASK.search(str(error))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparktrain.cluster import TaskInfo
 from sparktrain.errors import WorkerFailure
+from sparktrain.layout.cluster import TaskInfo
 from sparktrain.wire import protocol
 
 # Kinds whose "index" names a task of the run.

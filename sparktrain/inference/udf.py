@@ -185,7 +185,7 @@ def pickle_model(model: Any, state: Mapping[str, Any] | None) -> bytes:
     try:
         return cloudpickle.dumps((model, None if state is None else dict(state)))
     except Exception as exc:
-        from sparktrain.payload import dump_call
+        from sparktrain.shipping.payload import dump_call
 
         # dump_call names the captured object that fails (a lock, a session, a client).
         if callable(model) and not hasattr(model, "state_dict"):

@@ -11,7 +11,7 @@ from typing import Any
 from sparktrain.errors import ConfigurationError
 from sparktrain.inference.udf import build_model
 from sparktrain.ml.params import BACKENDS, LOSSES, TASKS
-from sparktrain.payload import dump_call
+from sparktrain.shipping.payload import dump_call
 
 _NUMBERS = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType")
 _INTEGERS = ("ByteType", "ShortType", "IntegerType", "LongType")

@@ -21,9 +21,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.cluster import TaskInfo
 from sparktrain.errors import WorkerFailure
-from sparktrain.rendezvous import go_for
+from sparktrain.layout.cluster import TaskInfo
+from sparktrain.layout.rendezvous import go_for
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol

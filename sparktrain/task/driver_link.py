@@ -21,8 +21,8 @@ from typing import Any
 
 from sparktrain import contract, private_dir, wire
 from sparktrain.backends.base import attempt_env
-from sparktrain.cluster import RankSpec
-from sparktrain.rendezvous import GoAssembler
+from sparktrain.layout.cluster import RankSpec
+from sparktrain.layout.rendezvous import GoAssembler
 from sparktrain.task import workdirs
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.logs import LogForwarder, RankFiles, log_folder
@@ -178,7 +178,7 @@ class TaskSession:
         """Block until the driver lets the ranks start: this task's part of the layout.
 
         The driver says "go" once every task has arrived, with what this task needs of the
-        layout (see :mod:`sparktrain.rendezvous`; :func:`~sparktrain.rendezvous.view_of`
+        layout (see :mod:`sparktrain.layout.rendezvous`; :func:`~sparktrain.layout.rendezvous.view_of`
         reads it), so the tasks need no barrier of Spark's to learn it, and until then the
         driver knows no rank can have started and may end the job at once.
 

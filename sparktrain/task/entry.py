@@ -22,10 +22,10 @@ import cloudpickle
 from sparktrain import wire
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import Backend
-from sparktrain.cluster import TaskInfo
 from sparktrain.errors import ConfigurationError
+from sparktrain.layout.cluster import TaskInfo
+from sparktrain.layout.rendezvous import view_of
 from sparktrain.log import get_logger
-from sparktrain.rendezvous import view_of
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.gpus import gpu_uuids

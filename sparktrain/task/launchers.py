@@ -25,9 +25,9 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, rank_env
-from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.config import RunConfig
 from sparktrain.errors import WorkerFailure
+from sparktrain.layout.cluster import ClusterSpec, RankSpec
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import STACK_WAIT, RankProcess, dump_all, stop_all
 from sparktrain.task.rank_outcomes import (

@@ -2,7 +2,7 @@
 
 Every task listens on one port from before its hello (on its interfaces' addresses, where it
 knows them), and says which in its TaskInfo. When the ranks span hosts, one task per host
-(its prober, see :mod:`sparktrain.rendezvous`) connects to the prober of each host it is
+(its prober, see :mod:`sparktrain.layout.rendezvous`) connects to the prober of each host it is
 given, at that task's address on each of its interfaces. The listener answers a random
 challenge with an HMAC of the run's key and its own task index, so an address that two hosts
 share (each host's own Docker bridge, say) never passes for a link to the other host: a
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
-from sparktrain.cluster import ClusterSpec, TaskInfo
-from sparktrain.interfaces import with_interface
-from sparktrain.rendezvous import TaskView
+from sparktrain.layout.cluster import ClusterSpec, TaskInfo
+from sparktrain.layout.interfaces import with_interface
+from sparktrain.layout.rendezvous import TaskView
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 
@@ -369,12 +369,12 @@ def settle_interface(session: TaskSession, view: TaskView, me: TaskInfo) -> Clus
     picks the first of its interfaces the host has, else the executor's own one stays. Across
     hosts each host's prober probes the hosts it is given and tells the driver what it
     reached; every task takes the driver's choice (made with
-    :func:`sparktrain.interfaces.choose_interface` once every prober has said; no interface
+    :func:`sparktrain.layout.interfaces.choose_interface` once every prober has said; no interface
     reaching every host ends the run there with an error).
 
     Args:
         session: this task's session.
-        view: this task's part of the layout (:func:`sparktrain.rendezvous.view_of`).
+        view: this task's part of the layout (:func:`sparktrain.layout.rendezvous.view_of`).
         me: this task (its first slot, when it runs several ranks).
 
     Returns:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sparktrain import contract, stacks
-from sparktrain.cluster import ClusterSpec, RankSpec
 from sparktrain.errors import WorkerFailure
+from sparktrain.layout.cluster import ClusterSpec, RankSpec
 from sparktrain.task.process import TAIL_LINES
 
 NO_STACK = "its stack could not be read (it had not started the function, or did not answer)"

@@ -21,7 +21,7 @@ from typing import Any
 
 from sparktrain import wire
 from sparktrain.errors import WorkerFailure
-from sparktrain.payload import keep_and_say, kept_result_name
+from sparktrain.shipping.payload import keep_and_say, kept_result_name
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 

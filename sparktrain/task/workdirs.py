@@ -31,8 +31,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sparktrain import kept, private_dir
+from sparktrain import private_dir
 from sparktrain.log import get_logger
+from sparktrain.shipping import kept
 
 _log = get_logger(__name__)
 
@@ -57,7 +58,7 @@ def create(run_id: str, parent: str | None = None, kept_ttl: float | None = None
         run_id: the run's id, part of the folder's name (to tell folders apart by eye).
         parent: where to make the private folder instead of the temporary folder.
         kept_ttl: also remove this user's kept results older than this many seconds on this
-            host (see :func:`sparktrain.kept.sweep`); None leaves them.
+            host (see :func:`sparktrain.shipping.kept.sweep`); None leaves them.
 
     Raises:
         NotPrivateError: no private folder can be had in the temporary folder at all.

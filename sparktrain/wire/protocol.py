@@ -92,12 +92,12 @@ RESULT_CHUNK = _kind("result_chunk", index=int, offset=int, blob=(bytes, memoryv
 RESULT_END = _kind("result_end", index=int, size=int, sha256=str)
 # What a host's prober reached (interface name -> indices of the probed tasks that answered),
 # when the ranks span hosts; the driver answers every task with CHOSEN once every host's
-# prober has said (see sparktrain.rendezvous).
+# prober has said (see sparktrain.layout.rendezvous).
 PROBED = _kind("probed", index=int, reached=dict)
 # -- the driver → tasks ----------------------------------------------------------------------
 ABORT = _kind("abort", reason=str)  # stop every rank now
 # Every task has arrived: start. What this connection's tasks need of the layout (fields:
-# sparktrain.rendezvous); LAYOUT messages before it carry the rank entries that do not fit it.
+# sparktrain.layout.rendezvous); LAYOUT messages before it carry the rank entries that do not fit it.
 GO = _kind(
     "go",
     world_size=int,

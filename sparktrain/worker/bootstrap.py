@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from sparktrain import contract
 from sparktrain.errors import PayloadError, SparkTrainError
-from sparktrain.payload import (
+from sparktrain.shipping.payload import (
     ResultTooLargeError,
     dump_result,
     keep_and_say,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain.payload import load_kept
+from sparktrain.shipping.payload import load_kept
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"

@@ -21,7 +21,7 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.result_intake import ResultReceiver, all_results
 from sparktrain.errors import PayloadError, WorkerFailedError
-from sparktrain.payload import dump_result, load_kept
+from sparktrain.shipping.payload import dump_result, load_kept
 from sparktrain.task import result_upload as task_result
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.errors import SparkTrainError
+from sparktrain.layout.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 
 
 def infos_of(hosts: list[str]) -> list[TaskInfo]:

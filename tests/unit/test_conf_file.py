@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain.conf_file import parse_conf_text, read_conf_file
+from sparktrain.config.conf_file import parse_conf_text, read_conf_file
 
 ROOT = Path(__file__).resolve().parents[2]
 

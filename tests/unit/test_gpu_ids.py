@@ -12,10 +12,15 @@ import pytest
 
 from sparktrain import contract
 from sparktrain.backends.base import rank_env
-from sparktrain.cluster import TaskInfo, build_cluster_spec, gpu_double_booking, shared_gpu_ids
 from sparktrain.config import RunConfig
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.errors import ConfigurationError
+from sparktrain.layout.cluster import (
+    TaskInfo,
+    build_cluster_spec,
+    gpu_double_booking,
+    shared_gpu_ids,
+)
 from sparktrain.task.gpus import uuids_for
 from sparktrain.wire import protocol
 from tests.unit.test_monitor import Done, FakeLaunch, FakeTask, server  # noqa: F401

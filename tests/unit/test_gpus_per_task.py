@@ -11,14 +11,14 @@ import pytest
 
 from sparktrain import SparkRunner, contract
 from sparktrain.backends.base import rank_env
-from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.driver import capacity
 from sparktrain.driver.capacity import check_capacity
 from sparktrain.driver.preflight import ranks_per_task
 from sparktrain.driver.stage import failed_task
 from sparktrain.errors import CapacityError, ConfigurationError
-from sparktrain.rendezvous import view_of
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
+from sparktrain.layout.rendezvous import view_of
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import DetachedSession
 from sparktrain.task.entry import share

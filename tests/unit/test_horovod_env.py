@@ -15,9 +15,9 @@ from sparktrain.backends import get_backend
 from sparktrain.backends import horovod as hb
 from sparktrain.backends import horovod_install as hi
 from sparktrain.backends.base import rank_env
-from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.errors import ConfigurationError, SparkTrainError
+from sparktrain.layout.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 
 SHARED = {hb.ADDR_KEY: "10.0.0.1", hb.PORT_KEY: "4242"}
 

@@ -16,8 +16,8 @@ from sparktrain.backends import get_backend
 from sparktrain.backends.base import rank_env
 from sparktrain.backends.horovod import horovod_slots
 from sparktrain.backends.horovod_install import horovod_torch_library
-from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 
 pytestmark = [
     pytest.mark.horovod,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from sparktrain.backends.horovod import gloo_name_problem
-from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.errors import ConfigurationError
-from sparktrain.interfaces import candidates, choose_interface, missing_nics, with_interface
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
+from sparktrain.layout.interfaces import candidates, choose_interface, missing_nics, with_interface
 from sparktrain.task.probe import ProbeListener, probe, reaches
 
 DECOY = ("docker0", ("198.19.0.1",))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import SparkRunner, kept, private_dir
+from sparktrain import SparkRunner, private_dir
 from sparktrain.commands import cli
-from sparktrain.payload import keep_and_say, keep_result
+from sparktrain.shipping import kept
+from sparktrain.shipping.payload import keep_and_say, keep_result
 from tests.accounts import Account
 from tests.fixtures import host_files
 

@@ -14,23 +14,12 @@ LAYERS: list[tuple[str, ...]] = [
         "contract",
         "errors",
         "log",
-        "conf_file",
         "stacks",
         "units",
         "private_dir",
     ),  # leaves: names, errors, ...
     ("wire",),  # frames, the frame server, the protocol
-    (
-        "config",
-        "cluster",
-        "payload",
-        "kept",
-        "script",
-        "mpi_args",
-        "interfaces",
-        "signature",
-        "rendezvous",
-    ),  # the run's data: settings, layout, pickles
+    ("config", "layout", "shipping"),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
     ("worker", "hvdcompat"),  # inside a rank
     ("checkpoint", "data", "plot"),  # libraries for the user's function

@@ -18,7 +18,7 @@ import pytest
 import sparktrain
 from sparktrain import private_dir
 from sparktrain.errors import PayloadError
-from sparktrain.payload import KEPT_RESULTS, keep_result
+from sparktrain.shipping.payload import KEPT_RESULTS, keep_result
 
 
 class _Runs:

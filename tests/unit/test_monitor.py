@@ -20,7 +20,6 @@ import psutil
 import pytest
 
 from sparktrain import wire
-from sparktrain.cluster import TaskInfo
 from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import _restartable
 from sparktrain.driver.channel import ChannelServer
@@ -32,7 +31,8 @@ from sparktrain.errors import (
     WorkerFailedError,
     WorkerFailure,
 )
-from sparktrain.payload import dump_call
+from sparktrain.layout.cluster import TaskInfo
+from sparktrain.shipping.payload import dump_call
 from sparktrain.task.assignment import TaskJob
 from sparktrain.wire import protocol
 from tests.helpers import wait_for

@@ -6,8 +6,8 @@ import pytest
 
 from sparktrain import contract
 from sparktrain.backends import get_backend
-from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 from sparktrain.task.mpi import command as mpi
 
 

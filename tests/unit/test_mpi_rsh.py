@@ -20,9 +20,9 @@ import pytest
 
 from sparktrain import contract, wire
 from sparktrain.backends import get_backend
-from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
-from sparktrain.payload import dump_call, load_result
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
+from sparktrain.shipping.payload import dump_call, load_result
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.mpi.launch import MpiRun, MpiTask

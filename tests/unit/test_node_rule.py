@@ -14,11 +14,11 @@ from sparktrain import contract
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import rank_env
 from sparktrain.backends.horovod import horovod_slot, horovod_slots
-from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec, node_rule
 from sparktrain.config import RunConfig
 from sparktrain.driver.layout import layout_problem
 from sparktrain.errors import ConfigurationError
-from sparktrain.rendezvous import FRAME_BUDGET, GoAssembler, go_messages, plan, view_of
+from sparktrain.layout.cluster import ClusterSpec, TaskInfo, build_cluster_spec, node_rule
+from sparktrain.layout.rendezvous import FRAME_BUDGET, GoAssembler, go_messages, plan, view_of
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import worker_env

@@ -11,7 +11,7 @@ import cloudpickle
 import pytest
 
 from sparktrain.errors import PayloadError, SparkTrainError
-from sparktrain.payload import dump_call, dump_result, load_call, load_result
+from sparktrain.shipping.payload import dump_call, dump_result, load_call, load_result
 
 BIG = 1 << 30
 

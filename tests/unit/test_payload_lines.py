@@ -16,7 +16,7 @@ from types import ModuleType
 import cloudpickle
 import pytest
 
-from sparktrain.payload import dump_call, dump_result, dumps, load_call, load_result
+from sparktrain.shipping.payload import dump_call, dump_result, dumps, load_call, load_result
 
 USER_FILE = """\
 import sys

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparktrain.cluster import TaskInfo
+from sparktrain.layout.cluster import TaskInfo
 from sparktrain.task import probe as probe_module
 from sparktrain.task.probe import ProbeListener, _answer, probe, reaches
 from tests.fixtures.strangers import Strangers

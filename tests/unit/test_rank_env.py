@@ -10,9 +10,9 @@ from sparktrain import contract
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import interface_env, rank_env, visible_devices
 from sparktrain.backends.torch import TorchBackend
-from sparktrain.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.config import PRIVATE_ENV_PREFIX, RESERVED_ENV, RunConfig
 from sparktrain.errors import ConfigurationError
+from sparktrain.layout.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import worker_env

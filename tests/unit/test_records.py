@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain.cluster import TaskInfo, build_cluster_spec
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 from sparktrain.task.rank_outcomes import rank_record
 
 

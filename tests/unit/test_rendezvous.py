@@ -12,10 +12,10 @@ from sparktrain import contract
 from sparktrain.backends import get_backend
 from sparktrain.backends.base import rank_env
 from sparktrain.backends.horovod import horovod_slot, horovod_slots
-from sparktrain.cluster import TaskInfo, build_cluster_spec
 from sparktrain.config import RunConfig
 from sparktrain.driver.layout import InterfaceVote
-from sparktrain.rendezvous import (
+from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
+from sparktrain.layout.rendezvous import (
     FULL_MESH_HOSTS,
     GoAssembler,
     go_messages,

@@ -14,7 +14,7 @@ from sparktrain import wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.errors import WorkerFailedError, WorkerFailure
-from sparktrain.payload import load_kept
+from sparktrain.shipping.payload import load_kept
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol

@@ -23,7 +23,7 @@ from sparktrain.driver.result_intake import ResultReceiver
 from sparktrain.driver.result_intake import rank0_result as _rank0_result
 from sparktrain.driver.stage import FailedTask, failed_task
 from sparktrain.errors import PayloadError, WorkerFailedError, WorkerFailure
-from sparktrain.payload import KEPT_RESULTS, dump_result, keep_result
+from sparktrain.shipping.payload import KEPT_RESULTS, dump_result, keep_result
 from sparktrain.task import result_upload as task_result
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession

@@ -23,8 +23,8 @@ from sparktrain.data.converter import _load_manifest, default_cache_dir
 from sparktrain.data.dataset import MANIFEST_NAME, SparkDatasetConverter, filesystem
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.examples import _common
-from sparktrain.kept import LIFETIME
-from sparktrain.payload import keep_and_say, keep_result
+from sparktrain.shipping.kept import LIFETIME
+from sparktrain.shipping.payload import keep_and_say, keep_result
 from sparktrain.task.logs import RankFiles
 from tests.accounts import Account, account, need_python
 
@@ -139,7 +139,7 @@ def test_load_kept_refuses_what_another_account_could_have_written(
 def test_two_accounts_each_keep_a_result_on_one_host(tmp: Path) -> None:
     keep = (
         "import pickle, sparktrain\n"
-        "from sparktrain.payload import keep_and_say\n"
+        "from sparktrain.shipping.payload import keep_and_say\n"
         "m = keep_and_say(pickle.dumps({'who': __import__('os').getuid()}), 'run1-attempt1-rank0')\n"
         "path = m.split('it is kept in ')[1].split(' (')[0]\n"
         "print(path, sparktrain.load_kept(path)['who'])\n"

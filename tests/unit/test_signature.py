@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sparktrain import CallError, PayloadError, SparkRunner
-from sparktrain.signature import check_call
+from sparktrain.shipping.signature import check_call
 
 
 def train(lr, epochs=1, *, seed=0):  # noqa: ANN001, ANN201 - the signature is what is shown

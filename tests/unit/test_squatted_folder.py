@@ -16,7 +16,7 @@ import pytest
 import sparktrain
 from sparktrain import SparkRunner, private_dir
 from sparktrain.data.converter import default_cache_dir
-from sparktrain.payload import keep_and_say
+from sparktrain.shipping.payload import keep_and_say
 from tests.accounts import Account
 from tests.fixtures import host_files
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from sparktrain.contract import PARENT_FD_ENV
-from sparktrain.payload import dump_call
+from sparktrain.shipping.payload import dump_call
 from sparktrain.task import process
 from sparktrain.task.process import TAIL_LINES, RankProcess, stop_all
 

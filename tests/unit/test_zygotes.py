@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from sparktrain import contract
-from sparktrain.payload import dump_call, load_result
+from sparktrain.shipping.payload import dump_call, load_result
 from sparktrain.task import zygotes
 from sparktrain.task.process import RankProcess
 from tests.unit.test_supervise import ROOT, _expect_both, _lines_of, wait_gone

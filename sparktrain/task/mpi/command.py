@@ -18,7 +18,7 @@ import shutil
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from sparktrain.cluster import ClusterSpec
+from sparktrain.layout.cluster import ClusterSpec
 
 RSH_MODULE = "sparktrain.task.mpi.rsh"
 GUARD_MODULE = "sparktrain.task.mpi.guard"

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparktrain.backends.base import Backend
-from sparktrain.cluster import ClusterSpec
+from sparktrain.layout.cluster import ClusterSpec
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import Exchange, RankLauncher
 from sparktrain.task.mpi import command

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, rank_env
-from sparktrain.cluster import ClusterSpec, RankSpec
+from sparktrain.layout.cluster import ClusterSpec, RankSpec
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.peers import PeerServer

@@ -19,7 +19,7 @@ import cloudpickle
 
 from sparktrain import private_dir
 from sparktrain.errors import PayloadError
-from sparktrain.kept import LIFETIME
+from sparktrain.shipping.kept import LIFETIME
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -322,7 +322,7 @@ def kept_result_name(run_id: str, attempt: int, rank: int = 0) -> str:
 
 def keep_and_say(data: bytes | bytearray, name: str, host: str | None = None) -> str:
     """Keep a result that cannot be returned; the end of the error that says where, how to
-    read it back, and how long it stays (see :mod:`sparktrain.kept`).
+    read it back, and how long it stays (see :mod:`sparktrain.shipping.kept`).
 
     Args:
         data: the pickled result.

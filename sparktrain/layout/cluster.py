@@ -136,7 +136,7 @@ class ClusterSpec:
     """The job's layout: the whole of it on the driver, a task's view of it on a task.
 
     A task is told the ranks of its own host (and of every host it speaks for), never every
-    rank of the job (see :mod:`sparktrain.rendezvous`): what a rank needs of the others is
+    rank of the job (see :mod:`sparktrain.layout.rendezvous`): what a rank needs of the others is
     counted here (``world_size``, ``num_nodes``, ``num_hosts``) or is rank 0's (``first``).
 
     Attributes:
@@ -218,7 +218,7 @@ def node_name(host: str, nodes: str, position: int) -> str:
     """The name of the node at ``position`` among ``host``'s nodes under the rule ``nodes``
     (``"host"`` or ``"task"``): the host, or ``host-<position>``. It names Horovod's
     rendezvous scopes, so no ``/``; and rank 0's task rebuilds every name from each host's
-    node sizes (see :mod:`sparktrain.rendezvous`)."""
+    node sizes (see :mod:`sparktrain.layout.rendezvous`)."""
     return host if nodes == "host" else f"{host}-{position}"
 
 

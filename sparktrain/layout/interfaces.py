@@ -3,7 +3,7 @@ every other host (pure functions of what the tasks reported and probed).
 
 Each task reports its interfaces (name → IPv4 addresses) at rendezvous and listens for
 probes. When the ranks span hosts, one task per host (its prober) connects to the prober of
-each host it is given (every other host, or a sample: :func:`sparktrain.rendezvous.
+each host it is given (every other host, or a sample: :func:`sparktrain.layout.rendezvous.
 probe_targets`) at that task's address on each of its interfaces; the peer proves who it is
 (an HMAC of the run's key), so the same address on two hosts (a Docker bridge) never passes
 for a link. The driver gathers what each prober reached and picks with
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from sparktrain.cluster import ClusterSpec, RankSpec, TaskInfo
+from sparktrain.layout.cluster import ClusterSpec, RankSpec, TaskInfo
 
 # What one task reached: interface name -> indices of the tasks reached at their address on it.
 Reached = Mapping[str, Sequence[int]]
@@ -104,7 +104,7 @@ def choose_interface(
         reached: by prober index, what its probes reached (see :data:`Reached`).
         nics: the user's interfaces, in order of preference; None to choose among all.
         targets: by position in ``hosts``, the positions of the hosts it probed
-            (:func:`sparktrain.rendezvous.probe_targets`); default: every other host.
+            (:func:`sparktrain.layout.rendezvous.probe_targets`); default: every other host.
 
     Returns:
         ``(name, None)``, or ``(None, why)`` naming each host's interfaces and what failed.

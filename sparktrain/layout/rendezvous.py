@@ -2,11 +2,11 @@
 what it needs (pure functions, on the driver and in a task alike).
 
 Once every task has said hello, the driver computes the whole layout with
-:func:`~sparktrain.cluster.build_cluster_spec` (:func:`plan`) and sends each connection one
+:func:`~sparktrain.layout.cluster.build_cluster_spec` (:func:`plan`) and sends each connection one
 ``go`` (:func:`go_messages`), sized by the ranks of its own host, not by the job:
 
 * ``world_size``, ``num_nodes``, ``num_hosts``: the job's size, in ranks, nodes and hosts;
-* ``nodes``: what a node is (``"host"`` or ``"task"``, see :func:`~sparktrain.cluster.node_rule`);
+* ``nodes``: what a node is (``"host"`` or ``"task"``, see :func:`~sparktrain.layout.cluster.node_rule`);
 * ``master_addr``, ``master_port``: rank 0's host and the port its task offered;
 * ``first``: rank 0's entry (a rank entry, below): where its task runs and on which
   interfaces (the master's address moves to the chosen interface);
@@ -29,7 +29,7 @@ A rank entry is ``{"rank", "local_rank", "local_world_size", "node_rank", "host_
 would not fit a frame, ``layout`` messages (``ranks``: a list of rank entries) come first on
 the same connection, and the ``go`` carries the rest: a task joins them in order
 (:class:`GoAssembler`); :func:`view_of` turns a whole ``go`` into the task's
-:class:`~sparktrain.cluster.ClusterSpec` and its probe targets.
+:class:`~sparktrain.layout.cluster.ClusterSpec` and its probe targets.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparktrain.cluster import ClusterSpec, RankSpec, TaskInfo, build_cluster_spec
 from sparktrain.errors import SparkTrainError
+from sparktrain.layout.cluster import ClusterSpec, RankSpec, TaskInfo, build_cluster_spec
 from sparktrain.wire import protocol
 
 # Up to this many hosts every host's prober probes every other host (O(hosts²) probes, at
@@ -100,7 +100,7 @@ def plan(
     Args:
         tasks: one TaskInfo per slot, indices 0 .. n-1.
         whole_for_rank0: send rank 0's task every rank (it launches every host's ranks).
-        node: the ``node`` setting (see :func:`~sparktrain.cluster.node_rule`).
+        node: the ``node`` setting (see :func:`~sparktrain.layout.cluster.node_rule`).
         use_gpu: the ``use_gpu`` setting.
     """
     spec = build_cluster_spec(tasks, node, use_gpu)

@@ -1,6 +1,6 @@
 """Results sparktrain kept on a host because they could not be returned, and their lifetime.
 
-A kept result (see :func:`sparktrain.payload.keep_and_say`) is a file of its owner's alone in
+A kept result (see :func:`sparktrain.shipping.payload.keep_and_say`) is a file of its owner's alone in
 ``<private folder>/results`` (or in a fallback folder, see :mod:`sparktrain.private_dir`). They
 would pile up forever, a few hundred MiB each, so each run removes those of its user on its
 hosts that are older than ``kept_results_ttl`` (:func:`sweep`, which never fails a run), and
