@@ -13,7 +13,7 @@ Each run must go the right way before its time counts: one restart, rank 1's los
 and for the fixed size both attempts at 2 ranks; anything else stops it with exit status 1. An
 elastic run that found the replacement already there (restarted at 2) is shown and counted.
 
-    python benchmarks/bench_elastic.py [--repeats 2]
+    flock /tmp/sparktrain-spark.lock python benchmarks/bench_elastic.py [--repeats 2]
 """
 
 from __future__ import annotations

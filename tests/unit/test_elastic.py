@@ -345,3 +345,41 @@ def test_fixed_runs_record_their_size_without_an_elastic_reason(monkeypatch):
     assert run.record.sizes == [3] and run.record.attempts[0].size_reason is None
     assert run.record.elastic is None and run.progress.ranks is None
     assert cluster.waits == [(3, 60.0, None)]  # the fixed size's own capacity check
+
+
+def test_the_progress_display_shows_the_attempts_size():
+    import io
+
+    out = io.StringIO()
+    progress = Progress(total=3, unit="epoch", file=out)
+    progress.set_ranks(2)
+    progress.on_report({"type": "report", "rank": 0, "epoch": 0, "step": 5, "metrics": {}})
+    progress.close()
+    assert "ranks=2" in out.getvalue()
+    fixed = io.StringIO()
+    unsized = Progress(total=3, unit="epoch", file=fixed)
+    unsized.on_report({"type": "report", "rank": 0, "epoch": 0, "step": 5, "metrics": {}})
+    unsized.close()
+    assert "ranks=" not in fixed.getvalue() and "epoch=0" in fixed.getvalue()
+
+
+def test_rank_0s_save_tells_the_driver_and_only_it_can_stop_the_run_to_grow(monkeypatch, tmp_path):
+    from sparktrain import checkpoint
+    from sparktrain.driver.monitor import RunMonitor
+    from sparktrain.wire import protocol
+    from sparktrain.worker import context
+
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(context, "_send", lambda message: sent.append(message) or True)
+    checkpoint.save({"w": 1}, tmp_path / "ckpt", step=7)
+    assert sent == [protocol.SAVED(rank=0, step=7)]
+
+    asked: list[int] = []
+    stop = ResizeStop(4, "grow from 2 to 4 ranks")
+    monitor = RunMonitor(
+        RunConfig(np=2), server=Any, on_saved=lambda step: asked.append(step) or stop
+    )
+    assert monitor._handle(1, protocol.SAVED(rank=1, step=3)) is None and asked == []
+    assert monitor._handle(1, protocol.SAVED(rank=0, step=4)) is stop and asked == [4]
+    monitor.stop_reason = "rank 1 failed"  # already stopping for another reason
+    assert monitor._handle(1, protocol.SAVED(rank=0, step=5)) is None and asked == [4]
