@@ -205,4 +205,5 @@ def size_note(config: RunConfig, size: int, previous: int | None, why: str) -> s
     low, high = config.elastic or (size, size)
     was = f" (was {previous})" if previous is not None and previous != size else ""
     grow = "" if config.elastic_grow else f", {conf_key('elastic_grow')}=false"
-    return f"elastic run np=({low}, {high}): {size} ranks{was}: {why}{grow}"
+    ranks = "rank" if size == 1 else "ranks"
+    return f"elastic run np=({low}, {high}): {size} {ranks}{was}: {why}{grow}"

@@ -100,7 +100,8 @@ class RunHandle(Future[Any]):
         record = self.record
         sizes = record.sizes if record is not None else []
         if record is not None and record.elastic is not None and sizes:
-            return f"running on {sizes[-1]} ranks (np={record.elastic})"
+            ranks = "rank" if sizes[-1] == 1 else "ranks"
+            return f"running on {sizes[-1]} {ranks} (np={record.elastic})"
         return "running"
 
     @property

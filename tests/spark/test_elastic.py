@@ -80,7 +80,7 @@ def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
         wait_for_files(marks, "attempt0.rank*", 2, timeout=120)
         take_executor()
         wait_for_files(marks, "attempt1.rank0", 1, timeout=120)
-        assert handle.status() == "running on 1 ranks (np=(1, 2))"
+        assert handle.status() == "running on 1 rank (np=(1, 2))"
         assert handle.sizes == [2, 1]
         want_executors(spark, 2)  # the executor comes back: the run grows at a checkpoint
         result = handle.result(timeout=180)
@@ -96,7 +96,7 @@ def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
     step = int((marks / "attempt1.rank0").read_text().split()[2])
     assert result[0] == {"size": 2, "previous": 1, "step": result[0]["step"]}
     assert result[0]["step"] > step and result[1]["step"] == result[0]["step"]
-    assert "elastic run np=(1, 2): 1 ranks (was 2)" in caplog.text
+    assert "elastic run np=(1, 2): 1 rank (was 2)" in caplog.text
     assert "elastic run np=(1, 2): 2 ranks (was 1): grow from 1 to 2" in caplog.text
 
 
