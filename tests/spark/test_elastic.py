@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sparktrain import CapacityError, SparkRunner
+from sparktrain import CapacityError, HorovodRunner, SparkRunner
 from tests.conftest import _local_executor_logs, wait_for_executors
 from tests.fixtures import elastic_trainers
 from tests.helpers import wait_for, wait_for_files, wait_gone
@@ -63,6 +63,14 @@ def test_starts_with_the_free_slots_when_max_does_not_fit(spark):
     assert {s["elastic"] for s in seen} == {"1"} and {s["previous"] for s in seen} == {"2"}
     assert runner.last_run.sizes == [2]
     assert "free task slots" in runner.last_run.attempts[0].size_reason
+
+
+def test_horovod_runner_sizes_follow_the_chosen_size(spark):
+    runner = HorovodRunner(np=(1, 3))
+    seen = runner.run_all(elastic_trainers.horovod_sizes)
+    # Both executors of the test cluster are on one host: one node of 2 ranks.
+    assert seen == [(2, 2, "2"), (2, 2, "2")]
+    assert runner.last_run.sizes == [2]
 
 
 def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
