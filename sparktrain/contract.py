@@ -56,6 +56,11 @@ KEY_ENV = "_SPARKTRAIN_KEY"
 RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
 # Which launch of the run this is: 0, then one more per restart.
 ATTEMPT_ENV = "SPARKTRAIN_ATTEMPT"
+# Set to 1 on every rank of an elastic run (np=(min, max)), whose WORLD_SIZE may differ from
+# one attempt to the next; with the previous attempt's WORLD_SIZE (the same on the first), so
+# the function can rescale its learning rate or per-rank batch.
+ELASTIC_ENV = "SPARKTRAIN_ELASTIC"
+PREVIOUS_WORLD_SIZE_ENV = "SPARKTRAIN_PREVIOUS_WORLD_SIZE"
 # The write end of the supervisor's stack pipe: the worker's faulthandler dumps its threads'
 # stacks there on STACK_SIGNAL, after one header line (see stack_header).
 STACK_FD_ENV = "_SPARKTRAIN_STACK_FD"
@@ -105,7 +110,12 @@ PLACE_VARIABLES = (
 # Variables a rank reads only once its function runs (when CUDA, a process group, NCCL, Gloo
 # or Horovod first start), so a rank forked from a zygote may get them after the fork. Every
 # other variable is read while Python, torch and sparktrain load, and must match the zygote's.
-LATE_VARIABLES = PLACE_VARIABLES | {"CUDA_VISIBLE_DEVICES", ATTEMPT_ENV}
+LATE_VARIABLES = PLACE_VARIABLES | {
+    "CUDA_VISIBLE_DEVICES",
+    ATTEMPT_ENV,
+    ELASTIC_ENV,
+    PREVIOUS_WORLD_SIZE_ENV,
+}
 LATE_PREFIXES = ("_SPARKTRAIN_", "NCCL_", "GLOO_", "HOROVOD_", "TORCHELASTIC_")
 
 

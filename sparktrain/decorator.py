@@ -70,7 +70,7 @@ class DistributedFunction:
 def distributed(
     fn: Callable[..., Any] | None = None,
     *,
-    np: int | None = None,
+    np: int | tuple[int, int] | None = None,
     gpus: int | None = None,
     num_accelerators: int | None = None,
     gpu_type: str | None = None,
@@ -89,7 +89,8 @@ def distributed(
 
     Args:
         fn: the function, when used bare as ``@distributed``.
-        np: the number of ranks (negative: on the driver), as for :class:`SparkRunner`.
+        np: the number of ranks (negative: on the driver), or ``(min, max)`` for an
+            elastic run, as for :class:`SparkRunner`.
         gpus: Databricks' spelling of the number of ranks, one per GPU.
         num_accelerators: the same, as ``databricks.air`` spells it.
         gpu_type: accepted and not checked: the ranks use the GPUs Spark gives their tasks,
@@ -127,6 +128,8 @@ def distributed(
             "num_accelerators="
         )
     for name, count in given.items():
+        if name == "np" and isinstance(count, tuple):
+            continue  # np=(min, max): an elastic run, checked as SparkRunner's np
         if not isinstance(count, int) or isinstance(count, bool) or count == 0:
             raise ConfigurationError(
                 f"@distributed({name}={count!r}): the number of ranks must be a non-zero int"

@@ -15,6 +15,7 @@ from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect import is_connect, sparktrain_conf
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
+from sparktrain.driver.elastic import check_elastic
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.preflight import check_application, ranks_per_task
@@ -39,8 +40,14 @@ class SparkRunner:
     Every rank gets the ``env://`` variables (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, …), so
     ``torch.distributed.init_process_group(sparktrain.default_backend())`` needs no arguments.
 
+    ``np=(min, max)`` makes the run elastic: it starts with as many ranks in that range as
+    the cluster's free task slots allow, goes on smaller after a lost rank (``max_restarts``),
+    and grows back at a checkpoint when slots free up (``resize_interval``,
+    ``elastic_grow``); ``last_run.sizes`` lists each attempt's size.
+
     Args:
-        np: number of ranks; negative runs them on the driver. Zero is an error.
+        np: number of ranks; negative runs them on the driver. Zero is an error. A tuple
+            ``(min, max)`` of positive ints runs an elastic run on Spark executors.
         backend: ``"torch"`` (torch.distributed) or ``"horovod"``.
         driver_log_verbosity: ``"all"`` streams every rank's output to the driver;
             ``"log_callback_only"`` shows only ``sparktrain.log_to_driver`` messages (and
@@ -72,7 +79,7 @@ class SparkRunner:
 
     def __init__(
         self,
-        np: int,
+        np: int | tuple[int, int],
         *,
         backend: str | None = None,
         driver_log_verbosity: str | None = None,
@@ -229,7 +236,7 @@ class SparkRunner:
             fn = run_script
         else:
             check_call(fn, args, kwargs)
-        session = None if self.np < 0 else self._session()
+        session = None if self.config.local else self._session()
         config = self._resolve(session)
         if all_ranks and config.launcher == "mpi":
             raise ConfigurationError(
@@ -243,6 +250,8 @@ class SparkRunner:
             conf = session.conf if is_connect(session) else session.sparkContext.getConf()
             check_application(conf, config)
             per_task = ranks_per_task(conf, config)
+            if config.elastic is not None:
+                check_elastic(session, config, per_task)
             # This host's old kept results (a local run's tasks do this themselves).
             kept.sweep(config.kept_results_ttl)
         if session is None:
@@ -343,7 +352,7 @@ class SparkRunner:
 
     def _submit(self, name: str, call: Callable[[], Any]) -> RunHandle:
         handle = RunHandle(name)
-        if self.np > 0:
+        if not self.config.local:
             handle.spark = self._session()  # no session: say so now, in the caller's cell
         # A daemon: the interpreter's exit must not wait hours for a run (the handle stops
         # the runs still going at exit instead).
@@ -373,7 +382,7 @@ class HorovodRunner(SparkRunner):
     ``import horovod.torch as hvd`` works; its functions run on the ranks).
 
     Args:
-        np: number of ranks; negative runs them on the driver.
+        np: number of ranks; negative runs them on the driver; ``(min, max)``: elastic.
         driver_log_verbosity: ``"all"`` (the default, as Databricks' HorovodRunner has it
             now: every rank's lines stream to the driver, prefixed ``[rank N]``) or
             ``"log_callback_only"`` (only ``log_to_driver`` messages). ``None`` takes
@@ -391,7 +400,11 @@ class HorovodRunner(SparkRunner):
     """
 
     def __init__(
-        self, *, np: int, driver_log_verbosity: str | None = None, **settings: Any
+        self,
+        *,
+        np: int | tuple[int, int],
+        driver_log_verbosity: str | None = None,
+        **settings: Any,
     ) -> None:
         settings.setdefault("backend", "horovod")
         super().__init__(np, driver_log_verbosity=driver_log_verbosity, **settings)

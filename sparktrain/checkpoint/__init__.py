@@ -189,6 +189,7 @@ def save(
         _commit.post(where, step, None, exc)
         raise
     _commit.post(where, step, path)
+    context.tell_saved(step)
     return path
 
 

@@ -57,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--np",
-        type=int,
+        type=_np_arg,
         required=True,
-        help="ranks: N > 0 on Spark executors, -N on this machine without Spark",
+        help="ranks: N > 0 on Spark executors, -N on this machine without Spark, MIN:MAX "
+        "an elastic run on Spark executors (as many as the free task slots allow)",
     )
     run.add_argument(
         "--backend",
@@ -193,6 +194,26 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 # -- Spark --------------------------------------------------------------------------------
 
 
+def _np_arg(text: str) -> int | tuple[int, int]:
+    """``--np``: N, -N, or MIN:MAX (torchrun's ``--nnodes`` spelling: a comma would read as
+    a list, and a dash as a negative number)."""
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            return int(text)
+        return int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not N (ranks on Spark executors), -N (on this machine) or MIN:MAX "
+            "(an elastic run on Spark executors, e.g. 2:4)"
+        ) from None
+
+
+def _most(np: int | tuple[int, int]) -> int:
+    """The most ranks ``np`` asks for (negative: on this machine)."""
+    return np if isinstance(np, int) else max(np)
+
+
 def _spark_session(master: str | None, np: int, conf: dict[str, str], app: str) -> Any:
     """Build the session for ``np > 0``: ``master``, else the configured one, else local[np]."""
     try:
@@ -222,7 +243,7 @@ def _start_spark(options: argparse.Namespace, conf: dict[str, str]) -> Any:
     """:func:`_spark_session` for the options; a Spark that cannot start is a usage error."""
     name = os.path.basename(options.target)
     try:
-        return _spark_session(options.master, options.np, conf, f"sparktrain {name}")
+        return _spark_session(options.master, _most(options.np), conf, f"sparktrain {name}")
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - Java missing, bad master, …
@@ -267,7 +288,7 @@ def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
 
     settings = _runner_settings(options)
     conf = _parse_conf(options.conf)
-    if options.np < 0 and (options.master or conf):
+    if _most(options.np) < 0 and (options.master or conf):
         raise UsageError(
             "--master and --conf are for Spark runs (--np > 0); --np < 0 runs "
             "on this machine without Spark"
@@ -277,7 +298,7 @@ def cmd_run(options: argparse.Namespace, args: list[str]) -> int:
         # The settings are checked before TARGET is imported and Spark starts (both slow).
         runner = SparkRunner(options.np, **settings)
         fn, fn_args = resolve_target(options.target, args)
-        if options.np > 0:
+        if _most(options.np) > 0:
             session = _start_spark(options, conf)
             runner = SparkRunner(options.np, spark=session, **settings)
         value = runner.run(fn, *fn_args)

@@ -43,6 +43,15 @@ def check(config: Any) -> None:
         ConfigurationError: the first value that is not valid, naming where to change it.
     """
     conf_key = functools.partial(conf_key_of, type(config))
+    if isinstance(config.np, (tuple, list)) or config.elastic is not None:
+        sizes = elastic_sizes(config.np if config.elastic is None else config.elastic)
+        if config.elastic is None:
+            object.__setattr__(config, "np", sizes[1])
+        object.__setattr__(config, "elastic", sizes)
+        if isinstance(config.np, int) and not sizes[0] <= config.np <= sizes[1]:
+            raise ConfigurationError(
+                f"an elastic run's size np={config.np!r} is outside its range {sizes}"
+            )
     if isinstance(config.np, bool) or not isinstance(config.np, int) or config.np == 0:
         raise ConfigurationError(
             f"np must be a non-zero integer (np=N runs N ranks on Spark executors, "
@@ -70,7 +79,14 @@ def check(config: Any) -> None:
         value = getattr(config, name)
         if isinstance(value, str) and value.strip().lower() == "none":
             object.__setattr__(config, name, None)
-    durations = ("start_timeout", "capacity_wait", "grace_period", "timeout", "stall_timeout")
+    durations = (
+        "start_timeout",
+        "capacity_wait",
+        "grace_period",
+        "timeout",
+        "stall_timeout",
+        "resize_interval",
+    )
     for name in (*durations, "kept_results_ttl"):
         value = text_as(parse_duration, getattr(config, name))
         object.__setattr__(config, name, value)
@@ -120,6 +136,18 @@ def check(config: Any) -> None:
     if not isinstance(config.restart_on_user_error, bool):
         raise ConfigurationError(
             f"restart_on_user_error must be True or False; got {config.restart_on_user_error!r}"
+        )
+    if not isinstance(config.elastic_grow, bool):
+        raise ConfigurationError(
+            f"elastic_grow must be True or False; got {config.elastic_grow!r} "
+            f"(argument elastic_grow=, or {conf_key('elastic_grow')})"
+        )
+    if config.elastic is not None and config.launcher == "mpi":
+        raise ConfigurationError(
+            f"np={config.elastic} is elastic, but launcher='mpi' is not: mpirun is given one "
+            "host list for the whole run and Horovod under MPI cannot be stopped at a "
+            "checkpoint to be launched at another size. Use launcher='gloo' (the default) "
+            "with backend='horovod', or a fixed np with launcher='mpi'"
         )
     if config.launcher is not None and not isinstance(config.launcher, str):
         raise ConfigurationError(f"launcher must be a string or None; got {config.launcher!r}")
@@ -187,3 +215,37 @@ def check(config: Any) -> None:
                 "sparktrain's own, between its processes"
             )
     object.__setattr__(config, "env", MappingProxyType(dict(config.env)))
+
+
+def elastic_sizes(np: Any) -> tuple[int, int]:
+    """The ``(min, max)`` of an elastic ``np``, checked.
+
+    Args:
+        np: what was given as ``np``: a tuple (or list) of two positive ints, min <= max.
+
+    Raises:
+        ConfigurationError: any other form, naming the form to use.
+    """
+    form = (
+        "np=(min, max) runs between min and max ranks on Spark executors, as many as the "
+        "cluster's free task slots allow (two positive ints, min <= max, e.g. np=(2, 4))"
+    )
+    if not isinstance(np, (tuple, list)) or len(np) != 2:
+        raise ConfigurationError(f"{form}; got np={np!r}")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in np):
+        raise ConfigurationError(f"{form}; got np={tuple(np)!r}, which is not two ints")
+    low, high = int(np[0]), int(np[1])
+    if low < 0 or high < 0:
+        raise ConfigurationError(
+            f"np={(low, high)!r}: ranks on the driver (a negative np) are not elastic, since "
+            f"the driver's size does not change; use np=-{max(abs(low), abs(high))} for a "
+            "fixed number on the driver, or positive sizes for an elastic run on Spark"
+        )
+    if low < 1:
+        raise ConfigurationError(f"{form}; got np={(low, high)!r}: min must be at least 1")
+    if low > high:
+        raise ConfigurationError(
+            f"{form}; got np={(low, high)!r}, whose min is larger than its max: write "
+            f"np={(high, low)!r}"
+        )
+    return low, high

@@ -141,6 +141,21 @@ class RunConfig:
         "once); none keeps them until removed by hand.",
         unset="none",
     )
+    resize_interval: float = setting(
+        60.0,
+        "resizeInterval",
+        "duration",
+        "for an elastic run (np=(min, max)) below max, the least time between two looks for "
+        "free task slots to grow into; a look is taken when rank 0 saves a checkpoint.",
+    )
+    elastic_grow: bool = setting(
+        True,
+        "elasticGrow",
+        "bool",
+        "whether an elastic run (np=(min, max)) below max grows back: after a checkpoint is "
+        "saved while more task slots are free, its ranks are stopped and launched again "
+        "larger (not counted against maxRestarts); false keeps the size it has.",
+    )
     max_restarts: int = setting(
         0,
         "maxRestarts",
@@ -222,6 +237,10 @@ class RunConfig:
         unset="none",
     )
 
+    # The sizes an elastic run may take, (min, max): np=(min, max) gives it, np is then the
+    # size of the attempt at hand (max until one is chosen). None: np ranks, always.
+    elastic: tuple[int, int] | None = None
+
     def __post_init__(self) -> None:
         check(self)
 
@@ -238,7 +257,7 @@ class RunConfig:
     @classmethod
     def resolve(
         cls,
-        np: int,
+        np: int | tuple[int, int],
         overrides: Mapping[str, Any] | None = None,
         spark_conf: Mapping[str, str] | None = None,
         environ: Mapping[str, str] | None = None,
@@ -246,7 +265,8 @@ class RunConfig:
         """Build a config: field defaults < Spark conf < environment < ``overrides``.
 
         Args:
-            np: number of ranks (negative: on the driver).
+            np: number of ranks (negative: on the driver), or ``(min, max)`` for an elastic
+                run on Spark (see :func:`sparktrain.config.checks.elastic_sizes`).
             overrides: keyword arguments given to the runner; ``None`` values mean "default".
             spark_conf: the session's ``spark.sparktrain.*`` entries, when there is a session.
             environ: the environment to read ``SPARKTRAIN_*`` from (default ``os.environ``).
@@ -265,16 +285,18 @@ class RunConfig:
             if variable in env:
                 values[field.name] = parse_text(parse, env[variable], variable)
         for name, value in (overrides or {}).items():
-            if name not in {f.name for f in dataclasses.fields(cls)} or name == "np":
+            if name not in {f.name for f in dataclasses.fields(cls)} or name in ("np", "elastic"):
                 raise ConfigurationError(_unknown(name, cls))
             if value is not None:
                 values[name] = value
-        return cls(np=np, **values)
+        return cls(np=np, **values)  # type: ignore[arg-type]  # a tuple np is checked there
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe dict, for shipping to tasks."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["env"] = dict(self.env)
+        if self.elastic is not None:
+            data["elastic"] = list(self.elastic)
         return data
 
     @classmethod

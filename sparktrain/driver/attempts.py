@@ -19,6 +19,7 @@ from sparktrain import wire
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
+from sparktrain.driver.elastic import ResizeStop, choose_size, grow_watch, size_note, smallest
 from sparktrain.driver.inflight import Line, StopSignal, held_by_others, reserve, take_turn
 from sparktrain.driver.monitor import Launch, RunMonitor
 from sparktrain.driver.progress import Progress
@@ -76,11 +77,15 @@ class Attempts:
     stop: StopSignal | None = None
     ticket: int | None = None
     on_wait: Callable[[Line | None], None] | None = None
+    # The run's place among the runs of this process (see inflight.reserve), once it has one.
+    _token: int = dataclasses.field(default=0, init=False, repr=False)
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value, or every
         rank's as a list by rank when ``job.all_ranks``."""
+        self.record.elastic = self.config.elastic
         with self._slots() as token:
+            self._token = token
             return self._run(token)
 
     @contextlib.contextmanager
@@ -92,7 +97,11 @@ class Attempts:
             yield 0
             return
         application = _application(self.session)
-        with reserve(application, self.job.tasks, self.ticket, admitted=False) as token:
+        # An elastic run holds the slots of its min: beyond them it takes what is free.
+        tasks = self.job.tasks
+        if self.config.elastic is not None:
+            tasks = smallest(self.config, self.job.ranks_per_task) // self.job.ranks_per_task
+        with reserve(application, tasks, self.ticket, admitted=False) as token:
             from sparktrain.driver.capacity import total_slots
 
             take_turn(
@@ -131,60 +140,122 @@ class Attempts:
             _log.info("%s: %s", self.name, line)
 
     def _run(self, token: int) -> Any:
-        config = self.config
+        base = self.config  # the run's settings; an elastic attempt's np is its own size
         job = self.job
         since: float | None = None
+        restarts = 0  # restarts after failures, which max_restarts bounds (resizes are not)
+        previous: int | None = None
+        why = "the largest size the cluster's free task slots allow"
         while True:
             if self.stop is not None and self.stop.requested:
                 raise CancelledError("cancelled before its ranks were launched")
             attempt = AttemptRecord(attempt=job.attempt)
             self.record.attempts.append(attempt)
+            size = base.world_size
             if self.session is not None and self.connect is None:
-                from sparktrain.driver.capacity import check_capacity
-
                 start = time.monotonic()
                 try:
-                    check_capacity(
-                        self.session.sparkContext,
-                        job.tasks,
-                        config.capacity_wait,
-                        since=since,
-                        ranks_per_task=job.ranks_per_task,
-                        held=held_by_others(_application(self.session), token),
-                    )
+                    size = self._size(base, token, since)
                 except CapacityError as exc:
                     if job.attempt == 0:
                         raise
-                    attempt.error = _not_back(exc, config, job.attempt, self.record)
+                    attempt.error = _not_back(exc, base, job.attempt, self.record)
                     attempt.cause = _first_line(attempt.error)
                     raise attempt.error from exc
                 attempt.phases["capacity_wait"] = time.monotonic() - start
+            config = self.config = self._sized(base, size)
+            job = dataclasses.replace(
+                job,
+                config=config.to_json(),
+                previous_world_size=(previous or size) if base.elastic else 0,
+            )
+            attempt.world_size = size
+            if base.elastic is not None:
+                attempt.size_reason = why
+                _log.info("%s", size_note(base, size, previous, why))
+                self.progress.set_ranks(size)
             try:
                 name = kept_result_name(job.run_id, job.attempt)
                 records = self._attempt(job, attempt)
                 if job.all_ranks:
-                    world = self.config.world_size
-                    return all_results(records, world, name, self.config.max_result_bytes)
+                    world = config.world_size
+                    return all_results(records, world, name, config.max_result_bytes)
                 return rank0_result(records, name)
+            except ResizeStop as exc:
+                attempt.error, attempt.cause, attempt.resized = exc, exc.reason, True
+                why = exc.reason
             except (WorkerFailedError, RendezvousTimeoutError, RunStalledError) as exc:
                 attempt.error, attempt.cause = exc, _first_line(exc)
-                if job.attempt >= config.max_restarts or not _restartable(exc, config):
+                if restarts >= base.max_restarts or not _restartable(exc, base):
                     raise
-                total = config.max_restarts + 1
+                restarts += 1
+                total = base.max_restarts + 1
                 _log.warning(
                     "attempt %d/%d failed: %s; starting attempt %d/%d",
-                    job.attempt + 1,
+                    restarts,
                     total,
                     attempt.cause,
-                    job.attempt + 2,
+                    restarts + 1,
                     total,
                 )
-                job = dataclasses.replace(job, attempt=job.attempt + 1)
-                # Executors lost with the failed attempt get time to come back.
-                since = time.time()
+                why = (
+                    f"restart {restarts}/{base.max_restarts} after: {attempt.cause}; the "
+                    "largest size that fits now, without waiting for what was lost"
+                )
             except BaseException as exc:
                 attempt.error, attempt.cause = exc, _first_line(exc) or type(exc).__name__
                 raise
+            previous = size
+            job = dataclasses.replace(job, attempt=job.attempt + 1)
+            # Executors lost with the failed attempt get time to come back (a fixed size),
+            # and the stopped attempt's tasks time to end (an elastic run counts free slots).
+            since = time.time()
+
+    def _size(self, config: RunConfig, token: int, since: float | None) -> int:
+        """The next attempt's size once its task slots are free: np, or for an elastic run
+        the largest in [min, max] that fits now (waiting, as np does, below min).
+
+        Raises:
+            CapacityError: too few task slots within ``capacity_wait``.
+        """
+        sc = self.session.sparkContext
+        held = held_by_others(_application(self.session), token)
+        if config.elastic is not None:
+            return choose_size(sc, config, self.job.ranks_per_task, held, since)
+        from sparktrain.driver.capacity import check_capacity
+
+        check_capacity(
+            sc,
+            self.job.tasks,
+            config.capacity_wait,
+            since=since,
+            ranks_per_task=self.job.ranks_per_task,
+            held=held,
+        )
+        return config.world_size
+
+    @staticmethod
+    def _sized(config: RunConfig, size: int) -> RunConfig:
+        """The settings of an attempt of ``size`` ranks (every size-derived value follows)."""
+        if config.elastic is None or config.np == size:
+            return config
+        return dataclasses.replace(config, np=size)
+
+    def _grow_watch(self, job: TaskJob) -> Callable[[int], ResizeStop | None] | None:
+        """What the attempt's monitor asks when rank 0 saves a checkpoint: whether an elastic
+        run below max stops there to grow (None where it never does)."""
+        if self.session is None or self.connect is not None:
+            return None
+        application = _application(self.session)
+        token = self._token
+        watch = grow_watch(
+            self.session.sparkContext,
+            self.config,
+            self.config.world_size,
+            job.ranks_per_task,
+            lambda: held_by_others(application, token),
+        )
+        return None if watch is None else watch.on_saved
 
     def _on_report(self, message: dict[str, Any]) -> None:
         self.record.add_report(message)
@@ -216,11 +287,20 @@ class Attempts:
                 on_report=self._on_report,
                 kept_name=kept_result_name(job.run_id, job.attempt),
                 all_ranks=job.all_ranks,
+                on_saved=self._grow_watch(job),
             )
             stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
             try:
                 with stop:
                     return monitor.watch(_launch(self.session, job, description, self.connect))
+            except (KeyboardInterrupt, CancelledError):
+                raise
+            except Exception as exc:
+                # Stopped to grow: however each rank ended (returned at should_stop(), or
+                # killed by the stop), the run goes on larger from the checkpoint.
+                if isinstance(monitor.stop_error, ResizeStop) and exc is not monitor.stop_error:
+                    raise monitor.stop_error from exc
+                raise
             finally:
                 attempt.phases.update(monitor.phases())
                 attempt.breakdown = launch_breakdown(

@@ -95,7 +95,25 @@ class RunHandle(Future[Any]):
         waiting = self._waiting
         if waiting is not None:
             return str(waiting)
-        return "running" if self._started else "starting"
+        if not self._started:
+            return "starting"
+        record = self.record
+        sizes = record.sizes if record is not None else []
+        if record is not None and record.elastic is not None and sizes:
+            ranks = "rank" if sizes[-1] == 1 else "ranks"
+            return f"running on {sizes[-1]} {ranks} (np={record.elastic})"
+        return "running"
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each attempt's number of ranks so far (an elastic run's changes of size).
+
+        Example:
+            >>> handle = SparkRunner(np=(2, 4)).submit(train)
+            >>> handle.sizes
+            [4, 2]
+        """
+        return list(self.record.sizes) if self.record is not None else []
 
     def _set_waiting(self, line: Line | None) -> None:
         """What the run waits for; None once it has its turn."""

@@ -105,6 +105,8 @@ class RunMonitor:
             returns none of them); None to let them go.
         all_ranks: every rank's value comes back (``run_all``), rather than rank 0's alone;
             by default, when ``kept_name`` is given.
+        on_saved: told the step of each checkpoint rank 0 saves; what it returns (an
+            elastic run's stop to grow) stops every rank.
     """
 
     def __init__(
@@ -115,8 +117,10 @@ class RunMonitor:
         on_report: Callable[[dict[str, Any]], None] | None = None,
         kept_name: str | None = None,
         all_ranks: bool | None = None,
+        on_saved: Callable[[int], SparkTrainError | None] | None = None,
     ) -> None:
         self.config = config
+        self.on_saved = on_saved
         self.server = server
         self.out = out or sys.stdout
         self.on_report = on_report
@@ -377,6 +381,9 @@ class RunMonitor:
         elif kind is protocol.REPORT:
             if self.on_report is not None:
                 self.on_report(message)
+        elif kind is protocol.SAVED:
+            if self.on_saved is not None and message["rank"] == 0 and self.stop_reason is None:
+                return self.on_saved(message["step"])
         elif kind is protocol.STACK:
             state = WorkerFailure.from_json(message["record"])
             if message["stopped"]:

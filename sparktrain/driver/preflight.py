@@ -119,7 +119,7 @@ def ranks_per_task(conf: Any, config: RunConfig) -> int:
         )
     k = int(value)
     np = config.world_size
-    if np % k:
+    if np % k and config.elastic is None:  # an elastic run's sizes: see elastic.smallest
         lower, upper = np // k * k, (np // k + 1) * k
         choices = f"{lower} or {upper}" if lower else f"{upper}"
         raise ConfigurationError(

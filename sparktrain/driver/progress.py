@@ -63,6 +63,8 @@ class Progress:
         self.total, self.unit, self.file = total, unit, file
         self.display, self.desc, self.plain_interval = display, desc, plain_interval
         self.latest: dict[str, Any] | None = None  # rank 0's newest row
+        # The attempt's number of ranks, shown beside the metrics (an elastic run's changes).
+        self.ranks: int | None = None
         self._reports = 0  # rank 0's reports so far
         self._bar: Any = None
         self._tqdm: Any = None  # the bar's class, for tqdm.write
@@ -114,6 +116,11 @@ class Progress:
                 self._bar.refresh()
             except Exception:  # noqa: BLE001 - cosmetic
                 pass
+
+    def set_ranks(self, ranks: int) -> None:
+        """Show the attempt's number of ranks (``ranks=N``) from the next report on: an
+        elastic run's size, which may change between attempts."""
+        self.ranks = ranks
 
     def close(self) -> None:
         """Finish the bar (or print the last plain line); later calls do nothing."""
@@ -171,7 +178,7 @@ class Progress:
 
     def _postfix(self) -> dict[str, Any]:
         row = self.latest or {}
-        shown = {"epoch": row.get("epoch"), "step": row.get("step")}
+        shown = {"ranks": self.ranks, "epoch": row.get("epoch"), "step": row.get("step")}
         shown.update((k, v) for k, v in row.items() if k not in FIELDS)
         return {k: v for k, v in shown.items() if v is not None}
 

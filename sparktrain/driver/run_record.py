@@ -85,6 +85,12 @@ class AttemptRecord:
         cause: the first line of ``error``: the root cause.
         breakdown: where rank 0's part of ``training`` went (see :func:`launch_breakdown`);
             empty when rank 0 did not return.
+        world_size: how many ranks it launched (None until its size was chosen).
+        size_reason: why it has that size: for an elastic run (``np=(min, max)``), what the
+            cluster's free task slots allowed and why the size changed; None otherwise.
+        resized: its ranks were stopped after a checkpoint to launch the run larger (an
+            elastic run growing back); such an attempt does not count against
+            ``max_restarts``.
     """
 
     attempt: int
@@ -92,6 +98,9 @@ class AttemptRecord:
     error: BaseException | None = None
     cause: str | None = None
     breakdown: dict[str, float | bool] = dataclasses.field(default_factory=dict)
+    world_size: int | None = None
+    size_reason: str | None = None
+    resized: bool = False
 
 
 @dataclasses.dataclass
@@ -104,12 +113,14 @@ class RunRecord:
             driver's receive ``time`` added.
         started: when ``run()`` was called (wall clock).
         finished: when it returned or raised; None while it runs.
+        elastic: an elastic run's ``(min, max)`` (``np=(min, max)``); None for a fixed size.
     """
 
     attempts: list[AttemptRecord] = dataclasses.field(default_factory=list)
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     started: float = dataclasses.field(default_factory=time.time)
     finished: float | None = None
+    elastic: tuple[int, int] | None = None
 
     def add_report(self, message: Mapping[str, Any]) -> dict[str, Any]:
         """Keep one report message; returns the kept row."""
@@ -126,6 +137,11 @@ class RunRecord:
             if spent:
                 total[phase] = sum(spent)
         return total
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each attempt's number of ranks, in order (those whose size was chosen)."""
+        return [a.world_size for a in self.attempts if a.world_size is not None]
 
     @property
     def succeeded(self) -> bool:
@@ -147,8 +163,14 @@ class RunRecord:
         lines = []
         for a in self.attempts:
             spent = ", ".join(f"{p} {a.phases[p]:.2f}s" for p in PHASES if p in a.phases)
-            outcome = "ok" if a.error is None else f"failed: {a.cause}"
-            lines.append(f"attempt {a.attempt + 1}: {outcome} ({spent})")
+            if a.resized:
+                outcome = f"resized: {a.cause}"
+            else:
+                outcome = "ok" if a.error is None else f"failed: {a.cause}"
+            size = "" if a.world_size is None else f" on {a.world_size} ranks"
+            lines.append(f"attempt {a.attempt + 1}{size}: {outcome} ({spent})")
+            if a.size_reason:
+                lines.append(f"  size: {a.size_reason}")
             steps = ", ".join(f"{s} {a.breakdown[s]:.2f}s" for s in BREAKDOWN if s in a.breakdown)
             if steps:
                 how = "forked warm" if a.breakdown.get("forked") else "new interpreter"

@@ -23,6 +23,8 @@ class TaskJob:
         ranks_per_task: how many ranks each Spark task runs, one per GPU it holds
             (``spark.task.resource.gpu.amount``); the stage has ``np / ranks_per_task`` tasks.
         all_ranks: every rank's value comes back (``run_all``), not rank 0's alone.
+        previous_world_size: an elastic run's size in the previous attempt (its own size on
+            the first); 0 for a run of fixed size.
     """
 
     run_id: str
@@ -34,6 +36,7 @@ class TaskJob:
     hook: bytes | None = None
     ranks_per_task: int = 1
     all_ranks: bool = False
+    previous_world_size: int = 0
 
     @property
     def tasks(self) -> int:

@@ -261,6 +261,7 @@ class TaskSession:
             "PYTHONPATH": os.pathsep.join(paths),
             contract.RUN_ID_ENV: self.job.run_id,
             contract.ATTEMPT_ENV: str(self.job.attempt),
+            **self.elastic_env(),
             **attempt_env(self.job.run_id, self.job.attempt),
             contract.GRACE_ENV: str(self.config.grace_period),
             contract.START_TIMEOUT_ENV: str(self.config.start_timeout),
@@ -270,6 +271,16 @@ class TaskSession:
             contract.MAX_RESULT_ENV: str(self.config.max_result_bytes),
             contract.TASK_CWD_ENV: self.cwd,
             **({contract.SPARK_FILES_ENV: self.spark_files} if self.spark_files else {}),
+        }
+
+    def elastic_env(self) -> dict[str, str]:
+        """An elastic run's variables (see ``contract.ELASTIC_ENV``); none for a fixed size."""
+        if self.config.elastic is None:
+            return {}
+        previous = self.job.previous_world_size or self.config.world_size
+        return {
+            contract.ELASTIC_ENV: "1",
+            contract.PREVIOUS_WORLD_SIZE_ENV: str(previous),
         }
 
     def on_exit(self, key: int, code: int) -> None:

@@ -77,6 +77,9 @@ USER_LOG = _kind("user_log", rank=int, message=str)  # sparktrain.log_to_driver(
 REPORT = _kind(  # sparktrain.report()
     "report", rank=int, step=(int, _NONE), epoch=(int, _NONE), metrics=dict
 )
+# Rank 0 committed checkpoint ``step`` (sparktrain.checkpoint.save): an elastic run below
+# its max may stop there to grow.
+SAVED = _kind("saved", rank=int, step=int)
 FAILURE = _kind("failure", failure=dict)  # a rank failed (a WorkerFailure as JSON)
 EXITED = _kind("exited", index=int)  # a task's ranks are all gone
 # Where a rank's main thread is: a WorkerFailure as JSON with its where, stack and output tail;
@@ -137,6 +140,7 @@ TO_DRIVER: frozenset[Kind] = frozenset(
         LOGS,
         USER_LOG,
         REPORT,
+        SAVED,
         FAILURE,
         EXITED,
         STACK,
@@ -189,6 +193,7 @@ __all__ = [
     "RSH",
     "RSH_EXIT",
     "RSH_OUTPUT",
+    "SAVED",
     "SHARED",
     "SHOW_STACKS",
     "STACK",

@@ -83,6 +83,12 @@ def should_stop() -> bool:
     return _stop_requested.is_set()
 
 
+def tell_saved(step: int) -> None:
+    """Tell the driver this rank committed checkpoint ``step`` (nothing outside a run): an
+    elastic run below its max may stop there to grow (see ``resize_interval``)."""
+    _send(protocol.SAVED(rank=rank(), step=int(step)))
+
+
 def use_gpu() -> bool:
     """Whether this rank is meant to use CUDA: GPUs assigned and CUDA available.
 

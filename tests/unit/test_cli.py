@@ -54,7 +54,8 @@ def test_parse_run_options_and_args_after_double_dash():
     "argv, message",
     [
         (["run", "train.py"], "--np"),  # --np is required
-        (["run", "--np", "two", "train.py"], "invalid int"),
+        (["run", "--np", "two", "train.py"], "is not N (ranks on Spark executors)"),
+        (["run", "--np", "2-4", "train.py"], "MIN:MAX"),
         (["run", "--np", "2", "--backend", "mpi", "train.py"], "invalid choice"),
         (["run", "--np", "2", "train.py", "extra"], "go after `--`"),
         (["run", "--np", "0", str(SCRIPT)], "np must be a non-zero integer"),

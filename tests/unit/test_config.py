@@ -630,7 +630,9 @@ def test_shipped_defaults_conf_is_rendered_from_the_field_defaults() -> None:
 
 def test_defaults_conf_reads_back_as_the_field_defaults() -> None:
     conf = parse_conf_text(render_defaults_conf())
-    settable = [f.name for f in dataclasses.fields(RunConfig) if f.name not in ("np", "env")]
+    # np (with elastic, its (min, max)) and env are arguments only.
+    keyword_only = ("np", "env", "elastic")
+    settable = [f.name for f in dataclasses.fields(RunConfig) if f.name not in keyword_only]
     assert set(conf) == {conf_key(name) for name in settable}  # every setting, nothing else
     assert RunConfig.resolve(1, spark_conf=conf, environ={}) == RunConfig(np=1)
     # ... and through the environment too, which reads the same text forms.
@@ -644,7 +646,7 @@ def test_defaults_conf_names_every_backend() -> None:
 
 
 def test_np_and_env_have_no_conf_key() -> None:
-    for name in ("np", "env"):
+    for name in ("np", "env", "elastic"):
         with pytest.raises(KeyError):
             conf_key(name)
 
