@@ -15,9 +15,9 @@ from sparktrain.driver import capacity, elastic
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.elastic import GrowWatch, ResizeStop, choose_size, fitting_size
 from sparktrain.driver.progress import Progress
-from sparktrain.driver.record import RunRecord
+from sparktrain.driver.run_record import RunRecord
 from sparktrain.errors import CapacityError, ConfigurationError, WorkerFailedError, WorkerFailure
-from sparktrain.task.job import TaskJob
+from sparktrain.task.assignment import TaskJob
 
 
 class FakeClock:
