@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparktrain.hvdcompat import basics, timeline
+from sparktrain.hvdcompat.matching import forget_lanes
 from sparktrain.hvdcompat.process_sets import forget_process_sets, init_process_sets
 
 
@@ -40,5 +41,6 @@ def shutdown() -> None:
     lose their ids, as Horovod's do when removed).
     """
     timeline.stop()
+    forget_lanes()
     forget_process_sets()
     basics.shutdown()
