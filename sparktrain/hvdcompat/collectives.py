@@ -3,7 +3,7 @@ torch.distributed; :mod:`sparktrain.hvdcompat.autograd` makes the API's ``hvd.al
 ``hvd.allgather`` and ``hvd.broadcast`` of them, differentiable.
 
 Every collective first agrees with the other ranks on what it is about to run (see
-:mod:`sparktrain.hvdcompat.negotiate`), so inputs that do not fit together raise
+:mod:`sparktrain.hvdcompat.matching`), so inputs that do not fit together raise
 :class:`HorovodInternalError` on every rank before any data moves. Results follow Horovod's
 arithmetic (see :mod:`sparktrain.hvdcompat.wire`): ``op=Average`` sums the (prescaled)
 tensors and multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.

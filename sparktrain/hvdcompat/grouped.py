@@ -1,7 +1,7 @@
 """Horovod's grouped collectives: one call, one handle, for a list of tensors.
 
 Each tensor travels as its own collective (each agreed on first, see
-:mod:`sparktrain.hvdcompat.negotiate`); the group's handle waits for all of them and gives
+:mod:`sparktrain.hvdcompat.matching`); the group's handle waits for all of them and gives
 the list of results in order. The group's ``name=`` is held as one name while it is in flight.
 """
 

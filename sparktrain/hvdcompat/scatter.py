@@ -1,7 +1,7 @@
 """Horovod's ``alltoall`` and ``reducescatter`` (and their async forms) on torch.distributed.
 
 Both agree on their inputs first, as every collective here does (see
-:mod:`sparktrain.hvdcompat.negotiate`). ``reducescatter`` reduces the whole tensor and keeps
+:mod:`sparktrain.hvdcompat.matching`). ``reducescatter`` reduces the whole tensor and keeps
 this rank's rows, so every value is the one Horovod computes (the same scaling arithmetic);
 rows are dealt as Horovod deals them: ``dim0 // size`` each, one more for the first
 ``dim0 % size`` ranks.
