@@ -71,25 +71,53 @@ def _uses_cuda() -> bool:
     return os.environ.get(contract.USE_GPU_ENV) != "0" and torch.cuda.is_available()
 
 
+def _check_comm(comm: Any, size: int) -> None:
+    """Accept ``init(comm=...)`` where it means every rank of the job in order; else refuse.
+
+    Raises:
+        NotImplementedError: for an MPI communicator.
+        ValueError: for a list of ranks that is not every rank of the job, in order.
+    """
+    if comm is None:
+        return
+    if isinstance(comm, (str, bytes)) or not hasattr(comm, "__iter__"):
+        raise NotImplementedError(
+            "hvd.init(comm=<MPI communicator>) is not supported by sparktrain's built-in "
+            "horovod.torch (no MPI underneath): call hvd.init(), and use "
+            "hvd.ProcessSet([...]) with process_set= on the collectives for a subset of ranks"
+        )
+    ranks = list(comm)
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise ValueError(f"hvd.init(comm=...) takes a list of integer ranks, not {ranks!r}")
+    if ranks and ranks != list(range(size)):
+        raise ValueError(
+            f"hvd.init(comm={ranks}): sparktrain's built-in horovod.torch runs every process of "
+            f"the job ({size}: ranks 0..{size - 1}) in one Horovod world, so comm= may only "
+            "list all of them in order; for a subset, call hvd.init(process_sets=[hvd."
+            f"ProcessSet({ranks})]) and pass process_set= to the collectives, or run the job "
+            f"with np={len(ranks)}"
+        )
+
+
 def init(comm: Any = None) -> None:
     """Join the job's process group (``horovod.torch.init``); a second call does nothing.
 
     Args:
-        comm: an MPI communicator in Horovod; not supported here (must be None).
+        comm: as in Horovod, a list of ranks: here only every rank of the job, in order (or
+            an empty list, which Horovod also reads as every rank).
 
     Raises:
-        NotImplementedError: for ``comm``.
-        ValueError: when the environment does not say where this process belongs.
+        NotImplementedError: for an MPI communicator.
+        ValueError: when the environment does not say where this process belongs, or for a
+            list of ranks that is not every rank of the job.
     """
-    if comm is not None:
-        raise NotImplementedError(
-            "hvd.init(comm=...) is not supported by sparktrain's built-in horovod.torch "
-            "(no MPI); call hvd.init() with no arguments"
-        )
+    if comm is not None and _state.size:
+        _check_comm(comm, _state.size)
     if _state.size:
         return
     rank = _env_int(("HOROVOD_RANK", "RANK"))
     size = _env_int(("HOROVOD_SIZE", "WORLD_SIZE"))
+    _check_comm(comm, size)
     local_rank = _env_int(("HOROVOD_LOCAL_RANK", "LOCAL_RANK"), 0)
     local_size = _env_int(("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"), 1)
     cross_rank = _env_int(("HOROVOD_CROSS_RANK", "NODE_RANK", "GROUP_RANK"), rank // local_size)

@@ -3,7 +3,7 @@ torch.distributed; :mod:`sparktrain.hvdcompat.autograd` makes the API's ``hvd.al
 ``hvd.allgather`` and ``hvd.broadcast`` of them, differentiable.
 
 Every collective first agrees with the other ranks on what it is about to run (see
-:mod:`sparktrain.hvdcompat.negotiate`), so inputs that do not fit together raise
+:mod:`sparktrain.hvdcompat.matching`), so inputs that do not fit together raise
 :class:`HorovodInternalError` on every rank before any data moves. Results follow Horovod's
 arithmetic (see :mod:`sparktrain.hvdcompat.wire`): ``op=Average`` sums the (prescaled)
 tensors and multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.
@@ -16,10 +16,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparktrain.hvdcompat.basics import _checked, comm_device
-from sparktrain.hvdcompat.exceptions import HorovodInternalError
+from sparktrain.hvdcompat.basics import _checked
 from sparktrain.hvdcompat.handles import Handle, claim
-from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.matching import Agreement, submit
+from sparktrain.hvdcompat.negotiate import Request
 from sparktrain.hvdcompat.process_sets import Scope, scope_of
 from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
@@ -85,22 +85,22 @@ def allreduce_async_(
     scope = scope_of(process_set, "allreduce")
     key = claim("allreduce", name)
     request = Request("allreduce", name, tensor, op, -1, prescale_factor, postscale_factor, layout)
-    try:
-        agree(request, comm_device(tensor), scope.group)
+
+    def start(agreement: Agreement) -> tuple[Any, Any]:
         check_scalable(tensor.dtype, prescale_factor, _after(op, postscale_factor, scope.size))
-    except HorovodInternalError as exc:
-        return Handle.failed(exc)
-    scale(tensor, prescale_factor)
-    buffer = for_reduction(tensor)
-    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], group=scope.group, async_op=True)
+        scale(tensor, prescale_factor)
+        buffer = for_reduction(tensor)
+        work = dist.all_reduce(buffer, op=_TORCH_OPS[op], group=scope.group, async_op=True)
 
-    def finish() -> torch.Tensor:
-        if buffer is not tensor:
-            tensor.copy_(buffer)
-        _finish_reduce(tensor, op, postscale_factor, scope.size)
-        return tensor
+        def finish() -> torch.Tensor:
+            if buffer is not tensor:
+                tensor.copy_(buffer)
+            _finish_reduce(tensor, op, postscale_factor, scope.size)
+            return tensor
 
-    return Handle(work, finish, key=key)
+        return work, finish
+
+    return submit(request, scope.group, start, key)
 
 
 def allreduce_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -140,12 +140,12 @@ def broadcast_async_(
     scope = scope_of(process_set, "broadcast")
     _check_root(root_rank, scope)
     key = claim("broadcast", name)
-    try:
-        agree(Request("broadcast", name, tensor, root=root_rank), comm_device(tensor), scope.group)
-    except HorovodInternalError as exc:
-        return Handle.failed(exc)
-    work = dist.broadcast(for_moving(tensor), src=root_rank, group=scope.group, async_op=True)
-    return Handle(work, lambda: tensor, key=key)
+
+    def start(agreement: Agreement) -> tuple[Any, Any]:
+        work = dist.broadcast(for_moving(tensor), src=root_rank, group=scope.group, async_op=True)
+        return work, lambda: tensor
+
+    return submit(Request("broadcast", name, tensor, root=root_rank), scope.group, start, key)
 
 
 def broadcast_(
@@ -172,26 +172,28 @@ def allgather_async(
     if local.dim() == 0:
         local = local.reshape(1)
     key = claim("allgather", name)
-    try:
-        sizes = agree(Request("allgather", name, local), comm_device(local), scope.group).first_dims
-    except HorovodInternalError as exc:
-        return Handle.failed(exc)
-    longest = max(sizes)
-    padded = local
-    if local.shape[0] < longest:
-        pad = local.new_zeros((longest - local.shape[0], *local.shape[1:]))
-        padded = torch.cat([local, pad])
-    moved = for_moving(padded)
-    parts = [torch.empty_like(moved) for _ in range(scope.size)]
-    work = dist.all_gather(parts, moved, group=scope.group, async_op=True)
 
-    def finish() -> torch.Tensor:
-        kept = [
-            restore(part, local.dtype)[:length] for part, length in zip(parts, sizes, strict=True)
-        ]
-        return torch.cat(kept)
+    def start(agreement: Agreement) -> tuple[Any, Any]:
+        sizes = agreement.first_dims
+        longest = max(sizes)
+        padded = local
+        if local.shape[0] < longest:
+            pad = local.new_zeros((longest - local.shape[0], *local.shape[1:]))
+            padded = torch.cat([local, pad])
+        moved = for_moving(padded)
+        parts = [torch.empty_like(moved) for _ in range(scope.size)]
+        work = dist.all_gather(parts, moved, group=scope.group, async_op=True)
 
-    return Handle(work, finish, key=key)
+        def finish() -> torch.Tensor:
+            kept = [
+                restore(part, local.dtype)[:length]
+                for part, length in zip(parts, sizes, strict=True)
+            ]
+            return torch.cat(kept)
+
+        return work, finish
+
+    return submit(Request("allgather", name, local), scope.group, start, key)
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Any:

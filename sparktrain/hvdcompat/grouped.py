@@ -1,7 +1,7 @@
 """Horovod's grouped collectives: one call, one handle, for a list of tensors.
 
 Each tensor travels as its own collective (each agreed on first, see
-:mod:`sparktrain.hvdcompat.negotiate`); the group's handle waits for all of them and gives
+:mod:`sparktrain.hvdcompat.matching`); the group's handle waits for all of them and gives
 the list of results in order. The group's ``name=`` is held as one name while it is in flight.
 """
 
@@ -63,11 +63,15 @@ def grouped_allreduce_async_(
     for t in members:
         buckets.setdefault((t.dtype, t.device), []).append(t)
     fused: list[tuple[Handle, list[torch.Tensor]]] = []
-    for bucket in buckets.values():
+    for index, bucket in enumerate(buckets.values()):
         flat = torch.cat([t.detach().reshape(-1) for t in bucket])
         handle = allreduce_async_(
             flat, average, None, op, prescale_factor, postscale_factor, process_set, layout
         )
+        if index < len(buckets) - 1:
+            # Whether the ranks' groups agree is known once the first bucket has run; a
+            # rank goes on to another bucket only then, so none goes on alone.
+            handle.settle()
         if handle.refused:
             return handle
         fused.append((handle, bucket))

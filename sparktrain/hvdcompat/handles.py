@@ -46,8 +46,31 @@ class Handle:
         self._done = False
         self._result: Any = None
         self._key = key
+        # Set while the operation waits for the other ranks (see matching.submit): settle
+        # runs rounds until it has run, nudge runs one.
+        self._settle: Callable[[], None] | None = None
+        self._nudge: Callable[[], None] | None = None
         if key is not None:
             _in_flight[key] = self
+
+    @classmethod
+    def pending(cls, key: tuple[str, str] | None) -> Handle:
+        """A handle for an operation that has not run yet (see :meth:`begin`)."""
+        return cls(None, lambda: None, key=key)
+
+    def settle_with(self, settle: Callable[[], None], nudge: Callable[[], None]) -> None:
+        """How to wait for the operation to run (``settle``), or help it once (``nudge``)."""
+        self._settle, self._nudge = settle, nudge
+
+    def begin(self, work: Any, finish: Callable[[], Any]) -> None:
+        """The operation has run: ``work`` is its transfer, ``finish`` makes the result."""
+        self._work, self._finish = work, finish
+        self._settle = self._nudge = None
+
+    def refuse(self, error: BaseException) -> None:
+        """The operation could not run: :meth:`wait` raises ``error``."""
+        self._error = error
+        self._settle = self._nudge = None
 
     @classmethod
     def failed(cls, error: BaseException) -> Handle:
@@ -59,8 +82,17 @@ class Handle:
         """Whether the operation could not start (its wait raises)."""
         return self._error is not None
 
+    def settle(self) -> None:
+        """Wait until the operation has run or been refused (not for its transfer)."""
+        if self._settle is not None:
+            self._settle()
+
     def poll(self) -> bool:
         """Whether the operation has completed."""
+        if self._nudge is not None:
+            self._nudge()
+        if self._settle is not None:
+            return False
         return (
             self._done or self._error is not None or self._work is None or self._work.is_completed()
         )
@@ -71,6 +103,7 @@ class Handle:
         Raises:
             HorovodInternalError: when the ranks did not agree on the operation.
         """
+        self.settle()
         if self._key is not None and _in_flight.get(self._key) is self:
             del _in_flight[self._key]
         if self._error is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparktrain.hvdcompat import basics, timeline
+from sparktrain.hvdcompat.matching import forget_lanes
 from sparktrain.hvdcompat.process_sets import forget_process_sets, init_process_sets
 
 
@@ -16,14 +17,16 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         >>> hvd.init(process_sets=[hvd.ProcessSet([0, 1])])  # doctest: +SKIP
 
     Args:
-        comm: an MPI communicator in Horovod; not supported here (must be None).
+        comm: a list of ranks, as in Horovod: here only every rank of the job, in order (an
+            MPI communicator, or a subset of the ranks, is refused naming what to use).
         process_sets: ``hvd.ProcessSet`` objects to register now (every rank passes the same
             list, in the same order), or ``"dynamic"``/None to add them later with
             ``hvd.add_process_set``.
 
     Raises:
-        NotImplementedError: for ``comm``.
-        ValueError: when the environment does not say where this process belongs, or for a
+        NotImplementedError: for an MPI communicator.
+        ValueError: when the environment does not say where this process belongs, for a
+            ``comm`` list that is not every rank of the job, or for a
             process set that repeats another (then Horovod is initialized with the sets
             before it, as in Horovod).
     """
@@ -40,5 +43,6 @@ def shutdown() -> None:
     lose their ids, as Horovod's do when removed).
     """
     timeline.stop()
+    forget_lanes()
     forget_process_sets()
     basics.shutdown()

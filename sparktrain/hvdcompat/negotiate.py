@@ -1,27 +1,24 @@
-"""The agreement every collective reaches before any of its data moves.
+"""How the ranks describe a collective to each other, and when descriptions fit together.
 
 Each rank describes the collective it is about to run (which one, its name, the tensor's dtype,
 device and shape, the reduction op, the root, the scale factors) in a small fixed vector of
-integers; one ``all_gather`` of those vectors gives every rank every description, and every
-rank checks them the same way. So inputs that do not fit together (an int32 tensor against a
+integers; :mod:`sparktrain.hvdcompat.matching` gathers them in its rounds, and every rank
+checks them the same way. So inputs that do not fit together (an int32 tensor against a
 float32 one, shapes that differ, two roots, one rank in ``allreduce`` while another is in
 ``barrier``) raise :class:`HorovodInternalError` on every rank, with the same message, instead
 of moving garbage or hanging, and the process group stays in step for what follows. For
-``allgather`` the same exchange carries each rank's first dimension, which the gather needs.
+``allgather`` the same description carries each rank's first dimension, which the gather needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
-import time
 import zlib
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from sparktrain.hvdcompat import timeline
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 
 # Dtypes by code; 0 means "no tensor" (barrier, join).
@@ -46,8 +43,8 @@ _DTYPE_CODE = {dtype: code for code, dtype in enumerate(_DTYPES, start=1)}
 _DEVICES = ("none", "cpu", "cuda")
 # Dimensions carried one by one; a tensor with more has the rest folded into the last slot.
 MAX_DIMS = 8
-_HEADER = 9  # kind, name, dtype, device, op, root, prescale, postscale, ndim
-_NUMEL = _HEADER + MAX_DIMS  # then the dimensions, then the number of elements,
+HEADER = 9  # kind, name, dtype, device, op, root, prescale, postscale, ndim
+_NUMEL = HEADER + MAX_DIMS  # then the dimensions, then the number of elements,
 _LAYOUT = _NUMEL + 1  # then a hash of the shapes of a group fused into one tensor
 SLOTS = _LAYOUT + 1
 
@@ -127,17 +124,6 @@ def encode(request: Request) -> list[int]:
     ]
 
 
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-    """Every rank's description, once they agree.
-
-    Attributes:
-        first_dims: each rank's first dimension, in rank order (for allgather).
-    """
-
-    first_dims: list[int]
-
-
 _OPS = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
 
 
@@ -153,7 +139,7 @@ def _describe(row: list[int], what: int) -> str:
     if what == 3:
         return _DEVICES[row[3]]
     if what == 8:
-        return str(row[_HEADER : _HEADER + min(row[8], MAX_DIMS)])
+        return str(row[HEADER : HEADER + min(row[8], MAX_DIMS)])
     if what in (6, 7):
         return repr(struct.unpack("<d", struct.pack("<q", row[what]))[0])
     return str(row[what])
@@ -183,17 +169,6 @@ def _fail(rows: Rows, request: Request, what: str, slot: int, pair: tuple[int, i
         f"{label}: the ranks passed {what}: {detail}. Every rank must pass the same; nothing "
         "was sent, and the ranks can go on with further collectives"
     )
-
-
-def exchange(
-    request: Request, device: torch.device, group: dist.ProcessGroup | None = None
-) -> list[list[int]]:
-    """Every rank's description of what it is about to run, in rank order."""
-    mine = torch.tensor(encode(request), dtype=torch.int64, device=device)
-    n = dist.get_world_size(group)
-    gathered = [torch.empty_like(mine) for _ in range(n)]
-    dist.all_gather(gathered, mine, group=group)
-    return [row.tolist() for row in torch.stack(gathered).cpu()]
 
 
 def check(rows: Rows, request: Request) -> None:
@@ -230,7 +205,7 @@ def check(rows: Rows, request: Request) -> None:
             _fail(rows, request, what, slot, pair)
     if request.kind in ("allgather", "grouped_allgather", "alltoall"):
         # The first dimension may differ; the others must not.
-        shape_slots = [8, *range(_HEADER + 1, _NUMEL)]
+        shape_slots = [8, *range(HEADER + 1, _NUMEL)]
         what = "tensors whose shapes differ beyond the first dimension"
     else:
         shape_slots = list(range(8, _NUMEL))
@@ -241,66 +216,22 @@ def check(rows: Rows, request: Request) -> None:
             _fail(rows, request, what, 8, pair)
 
 
-def joined(rows: list[list[int]]) -> list[int]:
-    """The ranks whose description is ``hvd.join``."""
-    return [rank for rank, row in enumerate(rows) if row[0] == _KIND_CODE["join"]]
+def kind_of(described: list[int]) -> str:
+    """The collective a description is of (``""`` for none)."""
+    code = described[0]
+    return _KINDS[code - 1] if 0 < code <= len(_KINDS) else ""
 
 
-def agree(
-    request: Request, device: torch.device, group: dist.ProcessGroup | None = None
-) -> Agreement:
-    """Exchange ``request`` with every rank of ``group`` and check that they fit together.
-
-    Ranks that have joined (``hvd.join``) stand in for an allreduce with zeros, as in Horovod;
-    any other collective cannot run while a rank has joined.
-
-    Args:
-        request: what this rank is about to run.
-        device: where the exchange's buffer lives (the collective's device).
-        group: the process group (None: every rank).
-
-    Raises:
-        HorovodInternalError: on every rank, when the descriptions do not fit together.
-    """
-    began = time.monotonic_ns()
-    rows = exchange(request, device, group)
-    timeline.agreed(request.kind, request.name, began, time.monotonic_ns())
-    gone = joined(rows)
-    if gone:
-        if request.kind != "allreduce":
-            raise HorovodInternalError(
-                f"hvd.{request.kind} cannot run while rank(s) {', '.join(map(str, gone))} have "
-                "joined (hvd.join): joined ranks stand in only for allreduce; call "
-                f"hvd.{request.kind} before hvd.join() on every rank"
-            )
-    check([(rank, row) for rank, row in enumerate(rows) if rank not in gone], request)
-    return Agreement(first_dims=[row[_HEADER] for row in rows])
+def dtype_of(described: list[int]) -> torch.dtype:
+    """The dtype of a description's tensor."""
+    return _DTYPES[described[2] - 1]
 
 
-@dataclasses.dataclass(frozen=True)
-class StandIn:
-    """What a joined rank contributes to the others' allreduce: zeros of this kind."""
-
-    dtype: torch.dtype
-    numel: int
-    op: int
+def numel_of(described: list[int]) -> int:
+    """The number of elements of a description's tensor."""
+    return described[_NUMEL]
 
 
-def stand_in(rows: list[list[int]]) -> StandIn | None:
-    """The allreduce the ranks that have not joined agreed on, if they did (None: they did
-    not, or it is not an allreduce, and they raise instead)."""
-    active = [(rank, row) for rank, row in enumerate(rows) if rank not in joined(rows)]
-    if not active or active[0][1][0] != _KIND_CODE["allreduce"]:
-        return None
-    try:
-        check(active, Request("allreduce"))
-    except HorovodInternalError:
-        return None
-    row = active[0][1]
-    return StandIn(_DTYPES[row[2] - 1], row[_NUMEL], row[4])
-
-
-def joined_rounds(rows: list[list[int]]) -> list[int]:
-    """For an exchange where every rank is in ``hvd.join``: the round each was in (the
-    ``root`` slot carries how many exchanges the rank has spent in join)."""
-    return [row[5] for row in rows]
+def device_type_of(described: list[int]) -> str:
+    """The device type (``"cpu"``, ``"cuda"``) of a description's tensor."""
+    return _DEVICES[described[3]]

@@ -8,25 +8,16 @@ from typing import Any
 
 import cloudpickle
 import torch
-import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked, comm_device
 from sparktrain.hvdcompat.collectives import (
-    _TORCH_OPS,
     _check_root,
     allgather,
     broadcast_,
 )
-from sparktrain.hvdcompat.negotiate import (
-    Request,
-    agree,
-    exchange,
-    joined,
-    joined_rounds,
-    stand_in,
-)
+from sparktrain.hvdcompat.matching import blocking, join_round, join_rounds
+from sparktrain.hvdcompat.negotiate import Request
 from sparktrain.hvdcompat.process_sets import scope_of
-from sparktrain.hvdcompat.wire import for_reduction
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
@@ -72,10 +63,13 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
 def barrier(process_set: Any = None) -> None:
     """Wait until every process has reached this call.
 
+    An operation this rank started and the others have not yet started does not hold the
+    barrier up: it runs once they start it (as in Horovod).
+
     Raises:
         HorovodInternalError: on every rank, when another rank is in a different collective.
     """
-    agree(Request("barrier"), comm_device(), scope_of(process_set, "barrier").group)
+    blocking(Request("barrier"), scope_of(process_set, "barrier").group)
 
 
 def join(device: int = -1) -> int:
@@ -90,20 +84,13 @@ def join(device: int = -1) -> int:
         device: the GPU to stand in on, or -1 for the collectives' default device (ignored
             where the ranks have no GPU).
     """
-    _checked()
-    # A GPU only where the ranks' group carries CUDA tensors; on CPU the device is ignored,
-    # as Horovod ignores it without GPUs.
     on_gpu = device >= 0 and "nccl" in _checked().backend and torch.cuda.is_available()
-    where = torch.device("cuda", device) if on_gpu else comm_device()
+    gpu = torch.device("cuda", device) if on_gpu else None
     rounds = 0
     while True:
-        rows = exchange(Request("join", root=rounds), where)
-        if len(joined(rows)) == len(rows):
-            spent = joined_rounds(rows)
+        done, rows = join_round(rounds, None, gpu)
+        if done:
+            spent = join_rounds(rows)
             fewest = min(spent)
             return max(rank for rank, count in enumerate(spent) if count == fewest)
         rounds += 1
-        zeros = stand_in(rows)
-        if zeros is not None:
-            buffer = for_reduction(torch.zeros(zeros.numel, dtype=zeros.dtype, device=where))
-            dist.all_reduce(buffer, op=_TORCH_OPS[zeros.op])

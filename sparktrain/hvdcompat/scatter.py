@@ -1,7 +1,7 @@
 """Horovod's ``alltoall`` and ``reducescatter`` (and their async forms) on torch.distributed.
 
 Both agree on their inputs first, as every collective here does (see
-:mod:`sparktrain.hvdcompat.negotiate`). ``reducescatter`` reduces the whole tensor and keeps
+:mod:`sparktrain.hvdcompat.matching`). ``reducescatter`` reduces the whole tensor and keeps
 this rank's rows, so every value is the one Horovod computes (the same scaling arithmetic);
 rows are dealt as Horovod deals them: ``dim0 // size`` each, one more for the first
 ``dim0 % size`` ranks.
@@ -25,7 +25,8 @@ from sparktrain.hvdcompat.collectives import (
 )
 from sparktrain.hvdcompat.exceptions import HorovodInternalError, InvalidArgumentError
 from sparktrain.hvdcompat.handles import Handle, claim
-from sparktrain.hvdcompat.negotiate import Request, agree
+from sparktrain.hvdcompat.matching import Agreement, submit
+from sparktrain.hvdcompat.negotiate import Request
 from sparktrain.hvdcompat.process_sets import scope_of
 from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
@@ -69,26 +70,31 @@ def alltoall_async(
     # A rank whose splits are wrong still takes part in the agreement, so that every rank
     # raises rather than waits.
     request = Request("alltoall", name, local, op=1 if problem else 0)
-    try:
-        agree(request, comm_device(local), scope.group)
-    except HorovodInternalError as exc:
+
+    def refuse(exc: HorovodInternalError) -> BaseException:
         # The rank that refused its splits says why; the others say which rank refused.
-        return Handle.failed(InvalidArgumentError(problem) if problem else exc)
-    if problem:
-        return Handle.failed(InvalidArgumentError(problem))
-    counts = torch.tensor(sent, dtype=torch.int64, device=comm_device(local))
-    matrix = [torch.empty_like(counts) for _ in range(n)]
-    dist.all_gather(matrix, counts, group=scope.group)
-    received = [int(row[scope.rank]) for row in matrix]
-    moved = for_moving(local)
-    output = moved.new_empty((sum(received), *local.shape[1:]))
-    work = dist.all_to_all_single(output, moved, received, sent, group=scope.group, async_op=True)
-    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+        return InvalidArgumentError(problem) if problem else exc
 
-    def finish() -> tuple[torch.Tensor, torch.Tensor]:
-        return restore(output, local.dtype), torch.tensor(received, dtype=split_dtype)
+    def start(agreement: Agreement) -> tuple[Any, Any]:
+        if problem:
+            raise HorovodInternalError(problem)
+        counts = torch.tensor(sent, dtype=torch.int64, device=comm_device(local))
+        matrix = [torch.empty_like(counts) for _ in range(n)]
+        dist.all_gather(matrix, counts, group=scope.group)
+        received = [int(row[scope.rank]) for row in matrix]
+        moved = for_moving(local)
+        output = moved.new_empty((sum(received), *local.shape[1:]))
+        work = dist.all_to_all_single(
+            output, moved, received, sent, group=scope.group, async_op=True
+        )
+        split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
 
-    return Handle(work, finish, key=key)
+        def finish() -> tuple[torch.Tensor, torch.Tensor]:
+            return restore(output, local.dtype), torch.tensor(received, dtype=split_dtype)
+
+        return work, finish
+
+    return submit(request, scope.group, start, key, refuse)
 
 
 def _rows_of(dim0: int, rank: int, n: int) -> tuple[int, int]:
@@ -112,24 +118,24 @@ def reducescatter_async(
     key = claim("reducescatter", name)
     local = tensor.detach()
     request = Request("reducescatter", name, local, op, -1, prescale_factor, postscale_factor)
-    try:
-        agree(request, comm_device(local), scope.group)
+
+    def start(agreement: Agreement) -> tuple[Any, Any]:
         if local.dim() == 0:
             raise HorovodInternalError("hvd.reducescatter needs a tensor with a first dimension")
         if op not in (Average, Sum):
             raise HorovodInternalError("hvd.reducescatter supports op=hvd.Average or hvd.Sum")
         check_scalable(local.dtype, prescale_factor, _after(op, postscale_factor, scope.size))
-    except HorovodInternalError as exc:
-        return Handle.failed(exc)
-    whole = local.clone()
-    scale(whole, prescale_factor)
-    buffer = for_reduction(whole)
-    work = dist.all_reduce(buffer, op=_TORCH_OPS[op], group=scope.group, async_op=True)
-    start, count = _rows_of(local.shape[0], scope.rank, scope.size)
+        whole = local.clone()
+        scale(whole, prescale_factor)
+        buffer = for_reduction(whole)
+        work = dist.all_reduce(buffer, op=_TORCH_OPS[op], group=scope.group, async_op=True)
+        first, count = _rows_of(local.shape[0], scope.rank, scope.size)
 
-    def finish() -> torch.Tensor:
-        mine = buffer[start : start + count].to(local.dtype).clone()
-        _finish_reduce(mine, op, postscale_factor, scope.size)
-        return mine
+        def finish() -> torch.Tensor:
+            mine = buffer[first : first + count].to(local.dtype).clone()
+            _finish_reduce(mine, op, postscale_factor, scope.size)
+            return mine
 
-    return Handle(work, finish, key=key)
+        return work, finish
+
+    return submit(request, scope.group, start, key)

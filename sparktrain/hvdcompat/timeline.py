@@ -3,7 +3,7 @@
 As Horovod's, the timeline is written by rank 0 (open it in ``chrome://tracing`` or Perfetto):
 one row per operation, named as Horovod names them (``allreduce.<name>``), with a
 ``NEGOTIATE_<OP>`` span for the agreement the ranks reach before any data moves (see
-:mod:`sparktrain.hvdcompat.negotiate`) and an ``<OP>`` mark where the data starts to move.
+:mod:`sparktrain.hvdcompat.matching`) and an ``<OP>`` mark where the data starts to move.
 It does not show how long the transfer itself took (torch.distributed does not say when an
 asynchronous transfer ends without waiting on it). With ``mark_cycles=True``, a
 ``CYCLE_START`` mark precedes each agreement (there is no background cycle here: each

@@ -325,6 +325,33 @@ def test_integer_arithmetic_odd_dtypes_and_mismatched_inputs_as_horovod(n: int) 
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_an_operation_started_alone_waits_past_a_barrier_for_the_others(n: int) -> None:
+    views = _runner(-n, "builtin").run(hvd_compat.pending_across_barrier)["views"]
+    assert len(views) == n
+    total = float(sum(range(1, n + 1)))
+    for rank, view in enumerate(views):
+        # Each rank's second start under the name is refused while its first is pending
+        # (rank 0's across the barrier, until the others start it), as in Horovod.
+        assert view["duplicate"] == [
+            "DuplicateNameError",
+            "ValueError",
+            "hvd.allreduce: an operation named 'late' is still in flight on this rank; give "
+            "each concurrent operation its own name=, or hvd.synchronize() the first before "
+            "starting the next",
+        ], rank
+        assert view["late"] == [total] and view["reused"] == [float(n)], rank
+        # Waiting for an operation the others are not starting, while they are in barrier():
+        # refused on every rank, not a hang, and the ranks go on in step.
+        kind = "allreduce" if rank == 0 else "barrier"
+        assert view["orphan"][:2] == ["HorovodInternalError", "RuntimeError"], rank
+        assert (
+            "the ranks called different collectives at the same point: rank 0 hvd.allreduce, "
+            "rank 1 hvd.barrier"
+        ) in view["orphan"][2], (kind, view["orphan"])
+        assert view["after"] == [float(n)], rank
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_join_stands_in_with_zeros_as_horovod(n: int) -> None:
     views = _runner(-n, "builtin").run(hvd_compat.join_stand_ins)["views"]
     # One rank's zeros in the sum, and the average still divides by n (truncating integers):

@@ -92,8 +92,6 @@ def test_init_without_a_place_names_the_variables(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match="none of HOROVOD_RANK, RANK is set"):
         basics.init()
-    with pytest.raises(NotImplementedError, match="comm=.... is not supported"):
-        basics.init(comm=[0, 1])
 
 
 def test_the_shim_shadows_installed_horovod_where_it_is_on_the_path() -> None:
