@@ -13,11 +13,11 @@ from sparktrain.backends import check_backend_name, get_backend
 from sparktrain.config import RunConfig, conf_keys
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
-from sparktrain.driver.connect import is_connect, sparktrain_conf
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
 from sparktrain.driver.elastic import check_elastic
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.interrupt import plain_ctrl_c
+from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
 from sparktrain.driver.preflight import check_application, ranks_per_task
 from sparktrain.driver.progress import Progress, quiet_spark_console
 from sparktrain.driver.python_probe import check_executor_python

@@ -21,7 +21,8 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.elastic import ResizeStop, choose_size, grow_watch, size_note, smallest
 from sparktrain.driver.inflight import Line, StopSignal, held_by_others, reserve, take_turn
-from sparktrain.driver.monitor import Launch, RunMonitor
+from sparktrain.driver.launch import Launch
+from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.result_intake import all_results, rank0_result
 from sparktrain.driver.run_record import AttemptRecord, RunRecord, launch_breakdown
@@ -383,13 +384,13 @@ def _channel_address(session: Any, connect: ConnectPlan | None = None) -> tuple[
 
 def _launch(session: Any, job: TaskJob, description: str, connect: ConnectPlan | None) -> Launch:
     if session is None:
-        from sparktrain.driver.local import LocalLaunch
+        from sparktrain.driver.launch.local import LocalLaunch
 
         return LocalLaunch(job)
     if connect is not None:
-        from sparktrain.driver.connect import ConnectLaunch
+        from sparktrain.driver.launch.connect import ConnectLaunch
 
         return ConnectLaunch(session, job, description)
-    from sparktrain.driver.stage import SparkLaunch
+    from sparktrain.driver.launch.stage import SparkLaunch
 
     return SparkLaunch(session, job, description)

@@ -21,8 +21,8 @@ import uuid
 from typing import Any
 
 from sparktrain.config import RunConfig, conf_key
-from sparktrain.driver.connect import client_address
-from sparktrain.driver.stage import describe_spark_error
+from sparktrain.driver.launch.connect import client_address
+from sparktrain.driver.launch.stage import describe_spark_error
 from sparktrain.errors import CapacityError, ConfigurationError
 from sparktrain.log import get_logger
 from sparktrain.task.connect import probe_task, versions

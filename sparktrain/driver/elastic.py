@@ -60,7 +60,7 @@ def check_elastic(session: Any, config: RunConfig, ranks_per_task: int) -> None:
         ConfigurationError: a Spark Connect session (whose free task slots the client cannot
             count), or a range without a multiple of the ranks per task.
     """
-    from sparktrain.driver.connect import is_connect
+    from sparktrain.driver.launch.connect import is_connect
 
     if is_connect(session):
         raise ConfigurationError(

@@ -14,12 +14,13 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
 from sparktrain.driver.failures import job_failure, rendezvous_timeout
 from sparktrain.driver.inflight import STOP
+from sparktrain.driver.launch import Launch
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.lines import LineView
 from sparktrain.driver.result_intake import ResultReceiver
@@ -72,24 +73,6 @@ def _next_event(events: queue.Queue[Any], wait: float | None) -> Any:
         except queue.Empty:
             if deadline is not None and time.monotonic() >= deadline:
                 raise
-
-
-class Launch(Protocol):
-    """A started set of tasks: Spark barrier tasks or the local supervisor."""
-
-    def start(
-        self, done: Callable[[list[dict[str, Any]] | None, BaseException | None], None]
-    ) -> None:
-        """Start; call ``done(records, error)`` exactly once, from any thread, when over."""
-
-    def cancel(self) -> None:
-        """Forcefully end every task (idempotent)."""
-
-    def describe_error(self, error: BaseException) -> str:
-        """A one-line explanation of a launch-level error (e.g. a Spark job failure)."""
-
-    def failed_task(self, error: BaseException) -> Any:
-        """The task (``index``, ``host``, ``executor``) a launch-level error names, or None."""
 
 
 class RunMonitor:

@@ -91,7 +91,7 @@ class FakeSession:
 
 @pytest.mark.parametrize("get_all", [True, False])
 def test_sparktrain_conf_reads_only_our_keys(get_all):
-    from sparktrain.driver.connect import sparktrain_conf
+    from sparktrain.driver.launch.connect import sparktrain_conf
 
     values = {"spark.sparktrain.timeout": "5m", "spark.master": "local[2]"}
     found = sparktrain_conf(FakeSession(FakeConf(values, get_all)), ["spark.sparktrain.timeout"])

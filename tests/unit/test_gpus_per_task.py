@@ -14,8 +14,8 @@ from sparktrain.backends.base import rank_env
 from sparktrain.config import RunConfig
 from sparktrain.driver import capacity
 from sparktrain.driver.capacity import check_capacity
+from sparktrain.driver.launch.stage import failed_task
 from sparktrain.driver.preflight import ranks_per_task
-from sparktrain.driver.stage import failed_task
 from sparktrain.errors import CapacityError, ConfigurationError
 from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 from sparktrain.layout.rendezvous import view_of

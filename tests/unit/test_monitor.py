@@ -23,7 +23,7 @@ from sparktrain import wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.attempts import _restartable
 from sparktrain.driver.channel import ChannelServer
-from sparktrain.driver.local import LocalLaunch
+from sparktrain.driver.launch.local import LocalLaunch
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.errors import (
     RendezvousTimeoutError,

@@ -18,10 +18,10 @@ import pytest
 from sparktrain import contract, wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
+from sparktrain.driver.launch.stage import FailedTask, failed_task
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.result_intake import ResultReceiver
 from sparktrain.driver.result_intake import rank0_result as _rank0_result
-from sparktrain.driver.stage import FailedTask, failed_task
 from sparktrain.errors import PayloadError, WorkerFailedError, WorkerFailure
 from sparktrain.shipping.payload import KEPT_RESULTS, dump_result, keep_result
 from sparktrain.task import result_upload as task_result
@@ -355,7 +355,7 @@ def test_the_failed_spark_task_is_read_from_the_job_error() -> None:
 def test_a_failed_spark_job_names_the_task_host_and_executor_not_rank_minus_one(
     server: ChannelServer,
 ) -> None:
-    from sparktrain.driver.stage import describe_spark_error
+    from sparktrain.driver.launch.stage import describe_spark_error
 
     class SparkLike(FakeLaunch):
         def failed_task(self, error: BaseException) -> FailedTask | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparktrain.driver.stage import describe_spark_error
+from sparktrain.driver.launch.stage import describe_spark_error
 
 JVM_FRAMES = """\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:572)
 \tat org.apache.spark.api.python.PythonRunner$$anon$3.read(PythonRunner.scala:784)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sparktrain.driver.stage import FailedTask, describe_spark_error, failed_task
+from sparktrain.driver.launch.stage import FailedTask, describe_spark_error, failed_task
 from sparktrain.errors import PayloadError, WorkerFailure
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import RECORD_COLUMN, RECORD_SCHEMA, failure_in, run_connect_task
