@@ -83,12 +83,12 @@ def test_log_callback_only_shows_only_driver_messages(mode, capsys):
     ],
 )
 def test_failed_rank_stops_everything(mode, how, expected, tmp_path):
-    start = time.monotonic()
+    # No stopwatch: rank 0 blocks in an all_reduce whose own timeout (30 min) is far past the
+    # test's time limit, so only the failure stopping it ends the test in time.
     with pytest.raises(WorkerFailedError) as info:
         SparkRunner(np=ranks(mode, 2), grace_period=2).run(
             trainers.fail_on_rank, str(tmp_path), how
         )
-    elapsed = time.monotonic() - start
     error = info.value
     assert error.root_cause.rank == 1
     message = str(error)
@@ -100,7 +100,6 @@ def test_failed_rank_stops_everything(mode, how, expected, tmp_path):
     # Rank 0 was blocked in all_reduce; it was stopped, not left behind.
     pids = recorded_pids(tmp_path)
     assert len(pids) == 2 and alive(pids) == []
-    assert elapsed < 60, f"failure took {elapsed:.1f}s to surface"
 
 
 def test_spark_job_group_is_cancelled_on_failure(spark, tmp_path):
@@ -114,16 +113,14 @@ def test_rank_that_never_reaches_rendezvous(mode):
 
     def hang_task_1(index: int) -> None:
         if index == 1:
-            time.sleep(600)
+            time.sleep(3600)  # past the test's time limit: the run must stop it, not wait
 
     runner._pre_rendezvous_hook = hang_task_1
-    start = time.monotonic()
     with pytest.raises(RendezvousTimeoutError) as info:
         runner.run(trainers.noop)
     assert info.value.missing == [1]
     assert "ranks [1] never reached the rendezvous" in str(info.value)
     assert "startTimeout" in str(info.value)
-    assert time.monotonic() - start < 40
 
 
 def test_run_timeout_stops_ranks(mode, tmp_path):
