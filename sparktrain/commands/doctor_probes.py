@@ -252,8 +252,11 @@ def check_pyspark(pyspark_version: str | None) -> list[Check]:
             "spark.pyspark.python) to an interpreter with sparktrain and torch"
         )
         return [found, Check("executor python", WARN, detail, fix)]
+    # What a Spark task and its ranks import first (import sparktrain alone is lazy).
     data, text = _python_json(
-        "import json, sparktrain; print(json.dumps({'ok': True}))", python=python
+        "import json, sparktrain.task.entry, sparktrain.worker.bootstrap; "
+        "print(json.dumps({'ok': True}))",
+        python=python,
     )
     if data is None:
         detail = f"PYSPARK_PYTHON={python} cannot import sparktrain: {_last_line(text)}"

@@ -161,8 +161,16 @@ def _probe_task(iterator: Any) -> list[dict[str, Any]]:
         "modules": {},
         "errors": {},
     }
-    for name in ("sparktrain", "torch"):
+    # For sparktrain, what a Spark task and its ranks import first: ``import sparktrain`` alone
+    # is lazy and needs none of sparktrain's dependencies (a checkout's folder on the path
+    # would pass it).
+    for name, first in (
+        ("sparktrain", ("sparktrain.task.entry", "sparktrain.worker.bootstrap")),
+        ("torch", ()),
+    ):
         try:
+            for needed in first:
+                importlib.import_module(needed)
             module = importlib.import_module(name)
         except BaseException as exc:  # noqa: BLE001 - any failure is what is reported
             found["errors"][name] = f"{type(exc).__name__}: {exc}"
