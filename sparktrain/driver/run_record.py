@@ -167,7 +167,8 @@ class RunRecord:
                 outcome = f"resized: {a.cause}"
             else:
                 outcome = "ok" if a.error is None else f"failed: {a.cause}"
-            size = "" if a.world_size is None else f" on {a.world_size} ranks"
+            ranks = "rank" if a.world_size == 1 else "ranks"
+            size = "" if a.world_size is None else f" on {a.world_size} {ranks}"
             lines.append(f"attempt {a.attempt + 1}{size}: {outcome} ({spent})")
             if a.size_reason:
                 lines.append(f"  size: {a.size_reason}")

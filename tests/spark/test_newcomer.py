@@ -116,7 +116,7 @@ def test_readme_blocks_run_as_written_from_the_installed_wheel(installed: Path, 
     assert [float(m.split()[1].rstrip(",")) < 0.5 for m in metrics] == [True, True], metrics
     lines = out.splitlines()
     # The submitted runs: the record of the first, then the sweep's two losses, in order.
-    assert any(line.startswith("attempt 1: ok (") for line in lines), out
+    assert any(line.startswith("attempt 1 on 2 ranks: ok (") for line in lines), out
     sweep = [line for line in lines if line.startswith("losses by lr: [")]
     assert len(sweep) == 1 and sweep[0].count(",") == 1, out
     # The decorator: a plain call, every rank's value, and a remote run's handle awaited.
