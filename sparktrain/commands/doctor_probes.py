@@ -252,10 +252,10 @@ def check_pyspark(pyspark_version: str | None) -> list[Check]:
             "spark.pyspark.python) to an interpreter with sparktrain and torch"
         )
         return [found, Check("executor python", WARN, detail, fix)]
-    # What a Spark task and its ranks import first (import sparktrain alone is lazy).
+    from sparktrain.driver.python_probe import ENTRY_MODULES
+
     data, text = _python_json(
-        "import json, sparktrain.task.entry, sparktrain.worker.bootstrap; "
-        "print(json.dumps({'ok': True}))",
+        f"import json, {', '.join(ENTRY_MODULES)}; print(json.dumps({{'ok': True}}))",
         python=python,
     )
     if data is None:

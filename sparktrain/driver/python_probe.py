@@ -52,6 +52,9 @@ _log = logging.getLogger(__name__)
 PYSPARK_DEFAULT = "python3"
 PROBE_TIMEOUT = 120.0
 MODULES = ("sparktrain", "torch")
+# What a Spark task and its ranks import first: ``import sparktrain`` alone is lazy and needs
+# none of sparktrain's dependencies (a checkout's folder on the path would pass it).
+ENTRY_MODULES = ("sparktrain.task.entry", "sparktrain.worker.bootstrap")
 _LOCAL_MASTER = re.compile(r"^local(?:\[[^\]]*\]|-cluster\[[^\]]*\])?$")
 
 # Swapping ``sc.pythonExec`` while one of sparktrain's jobs wraps its function: one at a time.
@@ -161,13 +164,7 @@ def _probe_task(iterator: Any) -> list[dict[str, Any]]:
         "modules": {},
         "errors": {},
     }
-    # For sparktrain, what a Spark task and its ranks import first: ``import sparktrain`` alone
-    # is lazy and needs none of sparktrain's dependencies (a checkout's folder on the path
-    # would pass it).
-    for name, first in (
-        ("sparktrain", ("sparktrain.task.entry", "sparktrain.worker.bootstrap")),
-        ("torch", ()),
-    ):
+    for name, first in (("sparktrain", ENTRY_MODULES), ("torch", ())):
         try:
             for needed in first:
                 importlib.import_module(needed)
@@ -182,7 +179,8 @@ def _probe_task(iterator: Any) -> list[dict[str, Any]]:
 def _shipped_by_value() -> Any:
     """:func:`_probe_task` cut loose from this module, so that PySpark pickles its code rather
     than a reference to sparktrain, which the executor may be unable to import."""
-    return types.FunctionType(_probe_task.__code__, {"__builtins__": builtins}, "probe")
+    names = {"__builtins__": builtins, "ENTRY_MODULES": ENTRY_MODULES}
+    return types.FunctionType(_probe_task.__code__, names, "probe")
 
 
 def probe(sc: Any, python: str, timeout: float = PROBE_TIMEOUT) -> ProbeReport | None:

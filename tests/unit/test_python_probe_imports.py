@@ -29,7 +29,8 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _probe_in(python: str) -> dict:
     """The executor probe's report, run in ``python`` from the checkout as Spark would run it."""
     source = textwrap.dedent(inspect.getsource(python_probe._probe_task))
-    code = f"from __future__ import annotations\n{source}\nimport json\n"
+    code = f"from __future__ import annotations\nENTRY_MODULES = {python_probe.ENTRY_MODULES!r}\n"
+    code += f"{source}\nimport json\n"
     code += "print(json.dumps(_probe_task(iter([0]))))"
     done = subprocess.run(
         [python, "-c", code], cwd=CHECKOUT, capture_output=True, text=True, timeout=120
