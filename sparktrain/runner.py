@@ -16,6 +16,7 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
 from sparktrain.driver.elastic import check_elastic
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
+from sparktrain.driver.inflight import expect, forget
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
 from sparktrain.driver.preflight import check_application, ranks_per_task
@@ -356,9 +357,15 @@ class SparkRunner:
             handle.spark = self._session()  # no session: say so now, in the caller's cell
         # A daemon: the interpreter's exit must not wait hours for a run (the handle stops
         # the runs still going at exit instead).
-        threading.Thread(
+        thread = threading.Thread(
             target=handle._carry_out, args=(call,), name=f"sparktrain-run-{name}", daemon=True
-        ).start()
+        )
+        expect(handle.ticket)  # runs submitted after it wait until it takes its place
+        try:
+            thread.start()
+        except BaseException:
+            forget(handle.ticket)
+            raise
         return handle
 
     @property

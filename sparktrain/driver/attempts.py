@@ -20,7 +20,14 @@ from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan
 from sparktrain.driver.elastic import ResizeStop, choose_size, grow_watch, size_note, smallest
-from sparktrain.driver.inflight import Line, StopSignal, held_by_others, reserve, take_turn
+from sparktrain.driver.inflight import (
+    Line,
+    StopSignal,
+    forget,
+    held_by_others,
+    reserve,
+    take_turn,
+)
 from sparktrain.driver.launch import Launch
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.progress import Progress
@@ -93,6 +100,8 @@ class Attempts:
     def _slots(self) -> Iterator[int]:
         """Hold this run's task slots against the other runs of this process."""
         if self.session is None or self.connect is not None:
+            if self.ticket is not None:
+                forget(self.ticket)  # it takes no place: the runs behind it need not wait
             if self.on_wait is not None:
                 self.on_wait(None)  # nothing to wait for: it launches now
             yield 0

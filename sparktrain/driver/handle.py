@@ -21,7 +21,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED
 from typing import Any, TextIO, cast
 
-from sparktrain.driver.inflight import Line, StopSignal, next_ticket
+from sparktrain.driver.inflight import Line, StopSignal, forget, next_ticket
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.run_record import RunRecord
 
@@ -132,8 +132,13 @@ class RunHandle(Future[Any]):
 
     def _carry_out(self, call: Callable[[], Any]) -> None:
         """Run ``call`` in this thread as this handle's run, and settle the Future with it."""
-        if not self.set_running_or_notify_cancel():
-            return
+        try:
+            if self.set_running_or_notify_cancel():
+                self._carry_out_running(call)
+        finally:
+            forget(self.ticket)  # placed or not, it is no longer on its way
+
+    def _carry_out_running(self, call: Callable[[], Any]) -> None:
         with _going_lock:
             _going.add(self)
             _register_exit_hook()

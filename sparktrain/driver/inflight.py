@@ -53,11 +53,28 @@ class Place:
 
 # Per Spark application id: the places of the runs in flight, by the run's token.
 _places: dict[str, dict[int, Place]] = {}
+# Tickets of submitted runs whose thread has not taken its place yet (nor ended): a later run
+# waits for them, or a slow thread would let a run submitted after it go first.
+_coming: set[int] = set()
 
 
 def next_ticket() -> int:
     """A turn in line, taken when a run is submitted (so turns follow submission order)."""
     return next(_tickets)
+
+
+def expect(ticket: int) -> None:
+    """The run of ``ticket`` is on its way: later runs wait until it takes its place or ends."""
+    with _lock:
+        _coming.add(ticket)
+
+
+def forget(ticket: int) -> None:
+    """The run of ``ticket`` will not take a place (it needs no slots, or it ended)."""
+    with _changed:
+        if ticket in _coming:
+            _coming.discard(ticket)
+            _changed.notify_all()
 
 
 def held_by_others(application: str, token: int) -> int:
@@ -82,10 +99,12 @@ def reserve(
     """
     place = Place(application, slots, next_ticket() if ticket is None else ticket, admitted)
     token = id(place) ^ threading.get_ident()
-    with _lock:
+    with _changed:
         while token in _places.get(application, {}):
             token += 1
         _places.setdefault(application, {})[token] = place
+        _coming.discard(place.ticket)
+        _changed.notify_all()  # the runs behind it see it ahead of them now
     try:
         yield token
     finally:
@@ -158,15 +177,13 @@ def take_turn(
         while True:
             with _lock:
                 runs = _places.get(application, {})
-                alone = _held(application, token) == 0 and not any(
-                    not p.admitted and p.ticket < runs[token].ticket for p in runs.values()
-                )
+                alone = _held(application, token) == 0 and not _ahead(runs, runs[token])
             # The cluster's size matters only beside other runs (a Py4J call: not under the lock).
             slots_now = None if alone else total()
             with _changed:
                 runs = _places.get(application, {})
                 place = runs[token]
-                ahead = [p for p in runs.values() if not p.admitted and p.ticket < place.ticket]
+                ahead = _ahead(runs, place)
                 held = _held(application, token)
                 if slots_now is None:
                     if held or ahead:
@@ -191,6 +208,14 @@ def take_turn(
     finally:
         if on_wait is not None:
             on_wait(None)
+
+
+def _ahead(runs: dict[int, Place], place: Place) -> list[Place | int]:
+    """The runs submitted before ``place`` that wait their turn, or have yet to take a place."""
+    waiting: list[Place | int] = [
+        p for p in runs.values() if not p.admitted and p.ticket < place.ticket
+    ]
+    return waiting + [t for t in _coming if t < place.ticket]
 
 
 class StopSignal:

@@ -464,7 +464,14 @@ def _refuse(line: Any, waited: bool) -> Refused:
     return Refused(str(line), waited)
 
 
-def _in_line(application: str, slots: int, total: int, wait: float | None = None, **kw: Any):
+def _in_line(
+    application: str,
+    slots: int,
+    total: int,
+    wait: float | None = None,
+    ticket: int | None = None,
+    **kw: Any,
+):
     """Take a place and wait for a turn in a thread; what it saw comes back in ``seen``."""
     import contextlib
     import threading
@@ -475,7 +482,8 @@ def _in_line(application: str, slots: int, total: int, wait: float | None = None
     turn = threading.Event()
     done = threading.Event()
     leave = threading.Event()
-    ticket = next_ticket()  # taken now, in this (the submitting) thread
+    if ticket is None:
+        ticket = next_ticket()  # taken now, in this (the submitting) thread
 
     def go() -> None:
         with contextlib.ExitStack() as stack:
@@ -529,6 +537,56 @@ def test_runs_that_do_not_fit_take_turns_in_the_order_they_came() -> None:
     assert small_turn.wait(30) and small[-2:] == [None, 0]
     small_leave.set()
     assert first_done.wait(30)
+
+
+def test_a_run_submitted_earlier_goes_first_however_late_its_thread(monkeypatch) -> None:
+    """A submitted run's thread may reach the line after a run submitted later: the later one
+    waits for it (no overtaking), and its place in line is right as soon as the first arrives
+    (the line is told; nothing waits for the periodic recheck, made an hour here)."""
+    from sparktrain.driver import inflight
+    from tests.helpers import wait_for
+
+    monkeypatch.setattr(inflight, "RECHECK", 3600.0)
+    app = "app-late-thread"
+    with inflight.reserve(app, 1):  # a run going holds 1 of the 2 slots
+        early = inflight.next_ticket()
+        inflight.expect(early)  # submitted; its thread has not taken its place yet
+        later, later_turn, later_leave, _ = _in_line(app, 1, total=2)
+        held = "(other runs of this process hold 1 of the cluster's 2)"
+        wait_for(lambda: len(later) == 1, 30, "the later run in line")
+        assert later == [f"waiting for 1 task slot {held}, 2nd in line"]
+        # The early run arrives needing both slots: it waits first in line, the later run
+        # (which would fit now) stays behind it.
+        big, big_turn, big_leave, _ = _in_line(app, 2, total=2, ticket=early)
+        wait_for(lambda: len(big) == 1, 30, "the early run in line")
+        assert big == [f"waiting for 2 task slots {held}, 1st in line"]
+        assert not later_turn.is_set() and later == [f"waiting for 1 task slot {held}, 2nd in line"]
+    # The run going ends: the early run goes first, then the later one once it leaves.
+    assert big_turn.wait(30) and big[-2:] == [None, 0]
+    assert not later_turn.is_set()
+    big_leave.set()
+    assert later_turn.wait(30) and later[-2:] == [None, 0]
+    later_leave.set()
+
+
+def test_a_submitted_run_that_takes_no_place_holds_no_one_up(monkeypatch) -> None:
+    """A run that ends (or needs no slots) before it takes its place lets the later go at once."""
+    from sparktrain.driver import inflight
+
+    monkeypatch.setattr(inflight, "RECHECK", 3600.0)
+    app = "app-no-place"
+    early = inflight.next_ticket()
+    inflight.expect(early)
+    later, later_turn, later_leave, _ = _in_line(app, 1, total=2)
+    from tests.helpers import wait_for
+
+    wait_for(lambda: len(later) == 1, 30, "the later run in line")
+    assert later == [
+        "waiting for 1 task slot (other runs of this process hold 0 of the cluster's 2), 2nd in line"
+    ]
+    inflight.forget(early)
+    assert later_turn.wait(30) and later[-2:] == [None, 0]
+    later_leave.set()
 
 
 def test_queue_wait_zero_refuses_at_once_and_a_duration_after_waiting() -> None:
