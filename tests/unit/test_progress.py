@@ -22,7 +22,8 @@ def test_bar_appears_on_first_report_with_rank0_metrics_as_postfix():
     progress = Progress(total=3, unit="epoch", file=out)
     assert out.getvalue() == ""  # nothing until a report arrives
     progress.on_report(report(epoch=0, step=9, loss=0.75))
-    progress.on_report(report(rank=1, epoch=0, step=9, loss=9.0, seen_on=1))  # not rank 0: not shown
+    # Not rank 0: not shown.
+    progress.on_report(report(rank=1, epoch=0, step=9, loss=9.0, seen_on=1))
     progress.on_report(report(epoch=1, step=19, loss=0.5, acc=0.9))
     progress.close()
     text = out.getvalue()
