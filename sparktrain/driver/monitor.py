@@ -8,21 +8,30 @@ sleeps, and it wakes only to let a Ctrl-C through (see ``SIGNAL_SLICE``).
 
 from __future__ import annotations
 
-import math
 import queue
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError
 from typing import Any, TextIO
 
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import CLOSED, ChannelServer
-from sparktrain.driver.failures import job_failure, rendezvous_timeout
-from sparktrain.driver.inflight import STOP
+from sparktrain.driver.deadlines import (
+    CANCEL,
+    DRAIN,
+    RENDEZVOUS,
+    RUN,
+    STALL,
+    STOP,
+    Deadlines,
+    next_event,
+)
+from sparktrain.driver.failures import rendezvous_timeout
+from sparktrain.driver.inflight import STOP as STOP_REQUEST
 from sparktrain.driver.launch import Launch
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.lines import LineView
+from sparktrain.driver.outcome import RunOutcome
 from sparktrain.driver.result_intake import ResultReceiver
 from sparktrain.driver.stall import StallWatch
 from sparktrain.driver.validate import valid
@@ -32,7 +41,6 @@ from sparktrain.errors import (
     SparkTrainError,
     WorkerFailedError,
     WorkerFailure,
-    describe_stopped,
 )
 from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_messages
@@ -55,27 +63,7 @@ _SIGNS_OF_LIFE = frozenset(
 )
 
 
-# A signal the kernel hands to another thread of this process (any thread may take a
-# process-directed SIGINT, e.g. when the main thread already has a signal pending) only sets
-# Python's flag: a main thread blocked on a lock is not woken, and the handler (Ctrl-C's
-# KeyboardInterrupt) runs only once it is back in the interpreter. So the wait is cut in slices.
-SIGNAL_SLICE = 0.25
-
-
-def _next_event(events: queue.Queue[Any], wait: float | None) -> Any:
-    """Return the next event, or raise ``queue.Empty`` once ``wait`` seconds passed (never, for
-    None), waking every ``SIGNAL_SLICE`` seconds so that a pending Ctrl-C is raised at once."""
-    deadline = None if wait is None else time.monotonic() + wait
-    while True:
-        left = SIGNAL_SLICE if deadline is None else deadline - time.monotonic()
-        try:
-            return events.get(timeout=max(0.0, min(SIGNAL_SLICE, left)))
-        except queue.Empty:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise
-
-
-class RunMonitor:
+class RunMonitor(RunOutcome):
     """Watches one launch attempt until it ends; returns the task records or raises.
 
     Args:
@@ -118,6 +106,8 @@ class RunMonitor:
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
         self.stop_error: SparkTrainError | None = None
+        # Whether the run's handle asked it to stop (see sparktrain.driver.inflight).
+        self.stop_asked = False
         # Whether the launch was cancelled: from then on tasks may end without saying so.
         self.cancelled = False
         # Authenticated messages of an unknown kind or with missing or mistyped fields.
@@ -169,127 +159,105 @@ class RunMonitor:
         # Detached tasks (a Connect client the executors cannot reach) never say hello: the
         # job alone tells how the run went, and Spark's barrier is their rendezvous.
         detached = bool(getattr(launch, "detached", False))
-        rendezvous_deadline = math.inf if detached else t0 + self.config.start_timeout
-        run_deadline = t0 + self.config.timeout if self.config.timeout else None
-        stop_deadline: float | None = None
-        cancel_deadline: float | None = None
+        timers = Deadlines()
+        timers.set(RENDEZVOUS, None if detached else t0 + self.config.start_timeout)
+        timers.set(RUN, t0 + self.config.timeout if self.config.timeout else None)
         done: dict[str, Any] | None = None
-        drain_deadline: float | None = None
         interrupted = False
-        # Whether the run's handle asked it to stop (see sparktrain.driver.inflight).
-        stop_asked = False
         while True:
             if done is not None and detached:
                 break
-            if done is not None and drain_deadline is None:
+            if done is not None and DRAIN not in timers:
                 self.times["done"] = time.monotonic()
-                drain_deadline = self.times["done"] + DRAIN_WAIT
+                timers.set(DRAIN, self.times["done"] + DRAIN_WAIT)
             # After a stop, the job may end before every task confirmed its ranks are gone
             # (a Spark cancel is asynchronous): keep listening for those confirmations. After
             # any end, a task's last messages (its final log lines) may still be on their way:
             # they come before its "exited", so wait a moment for that.
-            draining = drain_deadline is not None and time.monotonic() < drain_deadline
+            draining = timers.ahead(DRAIN, time.monotonic())
             # Tasks whose records came back have run, even if their hello is still on its way.
             expected = self.arrived | {r.get("index") for r in (done or {}).get("records") or ()}
-            confirming = (stop_deadline is not None or draining) and not self.exited >= expected
+            confirming = (STOP in timers or draining) and not self.exited >= expected
             if done is not None and not confirming:
                 break
-            stall_deadline = self.stall.deadline() if self.stop_reason is None else None
-            timers = (run_deadline, stop_deadline, cancel_deadline, drain_deadline, stall_deadline)
-            deadlines = [d for d in timers if d is not None]
-            if len(self.arrived) < self.n and self.stop_reason is None and not detached:
-                deadlines.append(rendezvous_deadline)
-            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            timers.set(STALL, self.stall.deadline() if self.stop_reason is None else None)
+            awaiting = len(self.arrived) < self.n and self.stop_reason is None
+            skip = () if awaiting else (RENDEZVOUS,)
             try:
                 try:
-                    conn_id, message = _next_event(events, wait)
+                    conn_id, message = next_event(events, timers.wait(time.monotonic(), skip))
                 except queue.Empty:  # a deadline passed
-                    now = time.monotonic()
-                    if cancel_deadline is not None and now >= cancel_deadline:
-                        if done is None:
-                            _log.warning(
-                                "tasks did not confirm their end after cancellation; "
-                                "giving up on them"
-                            )
+                    if self._on_deadline(timers, launch, done is None):
                         done = done or {"records": None, "error": None}
                         break
-                    if stop_deadline is not None and now >= stop_deadline:
-                        stop_deadline, cancel_deadline = None, self._cancel(launch)
-                        run_deadline = None
-                    elif (
-                        self.stop_reason is None
-                        and len(self.arrived) < self.n
-                        and (now >= rendezvous_deadline)
-                    ):
-                        stop_deadline = self._stop(
-                            rendezvous_timeout(self.config, self.arrived), launch
-                        )
-                    elif run_deadline is not None and now >= run_deadline:
-                        run_deadline = None
-                        stop_deadline = self._stop(
-                            RunTimeoutError(
-                                f"the run exceeded timeout={self.config.timeout:g}s "
-                                f"({conf_key('timeout')}); every rank was stopped"
-                            ),
-                            launch,
-                        )
-                    elif self.stop_reason is None and self.stall.stalled(now):
-                        stop_deadline = self._stalled(launch)
                 else:
                     if message.get("type") == DONE:
                         done = message
-                    elif message.get("type") == STOP:
-                        # A run already ending (done, failed, timed out) ends as it would.
-                        if done is None and self.stop_reason is None:
-                            stop_asked = True
-                            _log.info("cancelled; stopping every rank")
-                            stop_deadline = self._stop(SparkTrainError("cancelled"), launch)
                     else:
-                        stop = self._handle(conn_id, message)
-                        if stop is not None and self.stop_reason is None:
-                            stop_deadline = self._stop(stop, launch)
+                        self._on_message(conn_id, message, timers, launch, done is None)
             except KeyboardInterrupt:
                 if interrupted:
                     launch.cancel()
                     raise
                 interrupted = True
                 _log.warning("interrupted; stopping every rank (Ctrl-C again to cancel at once)")
-                stop_deadline = self._stop(SparkTrainError("interrupted"), launch)
-            if stop_deadline is not None and (self.exited >= self.arrived or not self.go_sent):
+                timers.set(STOP, self._stop(SparkTrainError("interrupted"), launch))
+            if STOP in timers and (self.exited >= self.arrived or not self.go_sent):
                 # Every task has confirmed its ranks are gone, or the tasks were never told to
                 # start any (they wait for "go", or in Spark's rendezvous): end the job now.
-                stop_deadline, cancel_deadline = None, self._cancel(launch)
+                timers.clear(STOP)
+                timers.set(CANCEL, self._cancel(launch))
         self.times["end"] = time.monotonic()
         self.lines.finish()
-        if interrupted or stop_asked:
-            self._keep_results(say=True)
-        if interrupted:
-            self._collect_stopped(done)
-            if self.stopped:
-                report = describe_stopped(self.stopped)
-                raise KeyboardInterrupt(f"interrupted; every rank was stopped.\n\n{report}")
-            raise KeyboardInterrupt
-        if stop_asked:
-            self._collect_stopped(done)
-            note = f"\n\n{describe_stopped(self.stopped)}" if self.stopped else ""
-            raise CancelledError(f"cancelled; every rank was stopped.{note}")
-        return self._conclude(done, launch)
+        return self._end(done, launch, interrupted)
 
-    def phases(self) -> dict[str, float]:
-        """Seconds from launch to the first hello (``submit``), to every task's
-        (``rendezvous``), to the launch's end (``training``) and to the monitor's
-        (``teardown``); phases never reached are left out."""
-        marks = [("submit", "hello"), ("rendezvous", "go"), ("training", "done")]
-        spent: dict[str, float] = {}
-        last = self.times.get("start")
-        for phase, mark in marks:
-            if last is None or mark not in self.times:
-                break
-            spent[phase] = self.times[mark] - last
-            last = self.times[mark]
-        if "done" in self.times and "end" in self.times:
-            spent["teardown"] = self.times["end"] - self.times["done"]
-        return spent
+    def _on_deadline(self, timers: Deadlines, launch: Launch, running: bool) -> bool:
+        """A deadline passed: act on the first that is due. True: stop watching (the launch
+        never confirmed its end after a cancel)."""
+        now = time.monotonic()
+        if timers.due(CANCEL, now):
+            if running:
+                _log.warning(
+                    "tasks did not confirm their end after cancellation; giving up on them"
+                )
+            return True
+        if timers.due(STOP, now):
+            timers.clear(STOP, RUN)
+            timers.set(CANCEL, self._cancel(launch))
+        elif (
+            self.stop_reason is None and len(self.arrived) < self.n and timers.due(RENDEZVOUS, now)
+        ):
+            timers.set(STOP, self._stop(rendezvous_timeout(self.config, self.arrived), launch))
+        elif timers.due(RUN, now):
+            timers.clear(RUN)
+            error = RunTimeoutError(
+                f"the run exceeded timeout={self.config.timeout:g}s "
+                f"({conf_key('timeout')}); every rank was stopped"
+            )
+            timers.set(STOP, self._stop(error, launch))
+        elif self.stop_reason is None and self.stall.stalled(now):
+            timers.set(STOP, self._stalled(launch))
+        return False
+
+    def _on_message(
+        self,
+        conn_id: int,
+        message: dict[str, Any],
+        timers: Deadlines,
+        launch: Launch,
+        running: bool,
+    ) -> None:
+        """A task's message, or the handle's stop: a stop it calls for goes out now."""
+        if message.get("type") == STOP_REQUEST:
+            # A run already ending (done, failed, timed out) ends as it would.
+            if running and self.stop_reason is None:
+                self.stop_asked = True
+                _log.info("cancelled; stopping every rank")
+                timers.set(STOP, self._stop(SparkTrainError("cancelled"), launch))
+            return
+        stop = self._handle(conn_id, message)
+        if stop is not None and self.stop_reason is None:
+            timers.set(STOP, self._stop(stop, launch))
 
     def _connections(self) -> list[int]:
         """Every task's connection, once (the local supervisor speaks for all its tasks on one)."""
@@ -321,28 +289,6 @@ class RunMonitor:
         _log.warning("%s; asking every rank where it is", reason)
         self.server.broadcast(protocol.SHOW_STACKS(reason=reason), self._connections())
         return None
-
-    def _failed(self, failure: WorkerFailure) -> bool:
-        """Count ``failure``; False when it only followed a stop for a deadline, a stall or
-        an interrupt (its collective lost a peer that was stopped): it then counts as stopped."""
-        stopping = self.stop_reason is not None and not isinstance(
-            self.stop_error, WorkerFailedError
-        )
-        if stopping and failure.follows_peer_loss:
-            self.stopped.setdefault(failure.rank, failure)
-            return False
-        self.failures.setdefault(failure.rank, failure)
-        return True
-
-    def _collect_stopped(self, done: dict[str, Any] | None) -> None:
-        """Take the stopped ranks' stacks from the records too (they may come either way)."""
-        for record in (done or {}).get("records") or ():
-            if record.get("status") == "stopped" and record.get("failure"):
-                try:
-                    failure = WorkerFailure.from_json(record["failure"])
-                except (TypeError, ValueError):
-                    continue
-                self.stopped.setdefault(failure.rank, failure)
 
     def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
         if message.get("type") == CLOSED:
@@ -454,40 +400,3 @@ class RunMonitor:
                 self.failures.setdefault(failure.rank, failure)
                 return WorkerFailedError(self.failures)
         return None
-
-    def _keep_results(self, say: bool = False) -> str:
-        """Keep the results that reached the driver of a run that returns none of them (a rank
-        that finished as another failed, or as the run was stopped); what the error says of
-        them (empty when none arrived), or with ``say``, a warning says it."""
-        if self.kept_name is None:
-            return ""
-        kept = self.results.keep(self.rank_of, self.kept_name)
-        if kept and say:
-            _log.warning("the run returns no value%s", kept)
-        return kept
-
-    def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = done.get("records") or []
-        self.rank0_times = next((r.get("times") for r in records if r.get("rank") == 0), None)
-        self.results.attach(records)
-        for record in records:
-            if record.get("status") == "failed" and record.get("failure"):
-                self._failed(WorkerFailure.from_json(record["failure"]))
-        self._collect_stopped(done)
-        if self.failures:
-            kept = self._keep_results()
-            raise WorkerFailedError(self.failures, kept, stopped=self.stopped)
-        if self.stop_error is not None or done.get("error") is not None:
-            self._keep_results(say=True)
-        if isinstance(self.stop_error, RunTimeoutError):
-            # Raised with where every rank was, which is known only now.
-            raise type(self.stop_error)(self.stop_error.reason, self.stopped)
-        if self.stop_error is not None:
-            raise self.stop_error
-        error = done.get("error")
-        if error is not None:
-            failure = job_failure(
-                launch.describe_error(error), launch.failed_task(error), self.started, self.infos
-            )
-            raise WorkerFailedError({failure.rank: failure}) from error
-        return records
