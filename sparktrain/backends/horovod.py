@@ -266,17 +266,19 @@ class HorovodBackend(Backend):
         if reason is not None:
             return {contract.HOROVOD_SHIM_ENV: reason}
         from horovod.runner.common.util.hosts import SlotInfo
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+        from horovod.runner.http.http_server import RendezvousHTTPServer
+
+        from sparktrain.backends.horovod_store import rendezvous_handler
 
         plan = [SlotInfo(**dataclasses.asdict(slot)) for slot in horovod_slots(spec)]
         try:
             # Bind to the address the ranks are told, not every interface: the store is
             # unauthenticated (Horovod's C++ client cannot sign requests).
-            server = RendezvousHTTPServer((spec.master_addr, 0), RendezvousHandler, 0)
+            server = RendezvousHTTPServer((spec.master_addr, 0), rendezvous_handler(), 0)
         except OSError:
             if is_loopback(spec.master_addr):
                 raise  # a run on loopback alone never listens beyond it
-            server = RendezvousHTTPServer(("", 0), RendezvousHandler, 0)
+            server = RendezvousHTTPServer(("", 0), rendezvous_handler(), 0)
         server.init(plan)
         thread = threading.Thread(
             target=server.serve_forever, name="sparktrain-horovod-rendezvous", daemon=True
