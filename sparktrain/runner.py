@@ -9,23 +9,21 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparktrain.backends import check_backend_name, get_backend
+from sparktrain.backends import check_backend_name
 from sparktrain.config import RunConfig, conf_keys
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
-from sparktrain.driver.elastic import check_elastic
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.inflight import expect, forget
 from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
-from sparktrain.driver.preflight import check_application, ranks_per_task
+from sparktrain.driver.preflight import check_run
 from sparktrain.driver.progress import Progress, quiet_spark_console
 from sparktrain.driver.python_probe import check_executor_python
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
-from sparktrain.shipping import kept
 from sparktrain.shipping.payload import dump_call, dumps
 from sparktrain.shipping.script import run_script, script_call
 from sparktrain.shipping.signature import check_call
@@ -239,26 +237,7 @@ class SparkRunner:
             check_call(fn, args, kwargs)
         session = None if self.config.local else self._session()
         config = self._resolve(session)
-        if all_ranks and config.launcher == "mpi":
-            raise ConfigurationError(
-                "run_all returns every rank's value, which launcher='mpi' does not bring back "
-                "(it returns rank 0's alone): use run(), or the default launcher (launcher=None)"
-            )
-        get_backend(config.backend).check(config)
-        per_task = 1
-        if session is not None:
-            # A Connect session has no SparkContext: its runtime conf answers the same keys.
-            conf = session.conf if is_connect(session) else session.sparkContext.getConf()
-            check_application(conf, config)
-            per_task = ranks_per_task(conf, config)
-            if config.elastic is not None:
-                check_elastic(session, config, per_task)
-            # This host's old kept results (a local run's tasks do this themselves).
-            kept.sweep(config.kept_results_ttl)
-        if session is None:
-            from sparktrain.task.entry import local_gpus
-
-            local_gpus(config.use_gpu, config.world_size)  # no GPUs for use_gpu=True: say so now
+        per_task = check_run(session, config, all_ranks)
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
         if session is not None and not is_connect(session):
             # After the checks that cost nothing: this one may run a one-task Spark job.

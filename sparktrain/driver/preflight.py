@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparktrain.backends import get_backend
 from sparktrain.config import RunConfig, conf_key
+from sparktrain.driver.elastic import check_elastic
+from sparktrain.driver.launch.connect import is_connect
 from sparktrain.errors import ConfigurationError
+from sparktrain.shipping import kept
 
 _ENCRYPTION = ("spark.ssl.enabled", "spark.network.crypto.enabled")
 _TASK_GPUS = "spark.task.resource.gpu.amount"
@@ -128,3 +132,38 @@ def ranks_per_task(conf: Any, config: RunConfig) -> int:
             f"{choices}, or set {_TASK_GPUS}=1 for one rank per task"
         )
     return k
+
+
+def check_run(session: Any, config: RunConfig, all_ranks: bool) -> int:
+    """Every check of a run that costs nothing, before its function is pickled: the
+    settings against each other, the backend, the application's conf, an elastic range.
+
+    Args:
+        session: the run's SparkSession (classic or Connect), or None for a driver-local run.
+        config: the run's resolved settings.
+        all_ranks: every rank's value is to come back (``run_all``).
+
+    Returns:
+        The ranks each Spark task runs (one per GPU of the task; 1 without Spark).
+    """
+    if all_ranks and config.launcher == "mpi":
+        raise ConfigurationError(
+            "run_all returns every rank's value, which launcher='mpi' does not bring back "
+            "(it returns rank 0's alone): use run(), or the default launcher (launcher=None)"
+        )
+    get_backend(config.backend).check(config)
+    per_task = 1
+    if session is not None:
+        # A Connect session has no SparkContext: its runtime conf answers the same keys.
+        conf = session.conf if is_connect(session) else session.sparkContext.getConf()
+        check_application(conf, config)
+        per_task = ranks_per_task(conf, config)
+        if config.elastic is not None:
+            check_elastic(session, config, per_task)
+        # This host's old kept results (a local run's tasks do this themselves).
+        kept.sweep(config.kept_results_ttl)
+    if session is None:
+        from sparktrain.task.entry import local_gpus
+
+        local_gpus(config.use_gpu, config.world_size)  # no GPUs for use_gpu=True: say so now
+    return per_task
