@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sparktrain import SparkRunner, WorkerFailedError
+from sparktrain import SparkRunner
 from sparktrain.errors import ConfigurationError
 from sparktrain.hvdcompat.elastic import commits, sampler
 from sparktrain.hvdcompat.elastic.sampler import ElasticSampler
@@ -30,9 +30,9 @@ def _runner(np: int, commit_dir: Path | None, **settings: Any) -> SparkRunner:
     )
 
 
-def _elastic_script(log_dir: str, kill: str = "", kill_at: int = -1) -> list[int]:
-    """A Horovod elastic script as Horovod's docs write it; it logs each step it takes, and
-    on the first attempt rank 1 is ``kill``ed at step ``kill_at``."""
+def _elastic_script(log_dir: str, stops: dict[int, tuple[str, int]]) -> list[int]:
+    """A Horovod elastic script as Horovod's docs write it; it logs each step it takes, and in
+    attempt ``a`` rank 1 gets signal ``stops[a][0]`` at step ``stops[a][1]``."""
     import os
     import signal
 
@@ -46,12 +46,13 @@ def _elastic_script(log_dir: str, kill: str = "", kill_at: int = -1) -> list[int
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size())
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     log = open(os.path.join(log_dir, f"a{sparktrain.attempt()}-r{hvd.rank()}"), "a")
+    stop = stops.get(sparktrain.attempt())
 
     @hvd.elastic.run
     def train(state: Any) -> list[int]:
         while state.batch < STEPS:
-            if kill and sparktrain.attempt() == 0 and hvd.rank() == 1 and state.batch == kill_at:
-                os.kill(os.getpid(), getattr(signal, kill))
+            if stop and hvd.rank() == 1 and state.batch == stop[1]:
+                os.kill(os.getpid(), getattr(signal, stop[0]))
             optimizer.zero_grad()
             model(torch.ones(4, 2)).sum().backward()
             optimizer.step()
@@ -72,116 +73,98 @@ def _steps(log_dir: Path, attempt: int, rank: int) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
-def test_a_sigkilled_rank_resumes_from_the_last_commit(tmp_path: Path) -> None:
+def test_each_step_after_the_last_commit_runs_once_after_a_stop_and_a_kill(
+    tmp_path: Path,
+) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    runner = _runner(-2, tmp_path / "commits", max_restarts=1)
-    done = runner.run(_elastic_script, str(logs), kill="SIGKILL", kill_at=5)
+    runner = _runner(-2, tmp_path / "commits", max_restarts=2, grace_period=60)
+    stops = {0: ("SIGTERM", 3), 1: ("SIGKILL", 7)}
+    done = runner.run(_elastic_script, str(logs), stops)
     assert done == list(range(STEPS))  # the committed history: each step once
-    assert runner.last_run is not None and len(runner.last_run.attempts) == 2
-    assert "SIGKILL" in str(runner.last_run.attempts[0].cause)
-    # Attempt 1 took steps 0..4 (commits after 1 and 3); rank 1 died before step 5, so the
-    # second attempt starts at step 4, the first after the last commit, and does each once.
-    assert _steps(logs, 0, 1) == [0, 1, 2, 3, 4]
-    for rank in (0, 1):
-        assert _steps(logs, 1, rank) == list(range(4, STEPS))
-
-
-def test_a_stop_request_ends_the_attempt_after_the_commit(tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    runner = _runner(-2, tmp_path / "commits", max_restarts=1, grace_period=60)
-    done = runner.run(_elastic_script, str(logs), kill="SIGTERM", kill_at=3)
-    assert done == list(range(STEPS))
-    assert runner.last_run is not None and len(runner.last_run.attempts) == 2
-    assert "SIGTERM" in str(runner.last_run.attempts[0].cause)
-    # Rank 1 got SIGTERM at step 3: both ranks went on to the commit after it (batch 4),
-    # then ended; nothing is done twice.
+    assert runner.last_run is not None
+    causes = [str(a.cause) for a in runner.last_run.attempts]
+    assert len(causes) == 3 and "SIGTERM" in causes[0] and "SIGKILL" in causes[1]
+    # Attempt 1: rank 1 was asked to stop at step 3; both ranks went on to the commit after
+    # it (batch 4) and ended there, so nothing is done again.
     assert _steps(logs, 0, 0) == _steps(logs, 0, 1) == [0, 1, 2, 3]
-    assert _steps(logs, 1, 0) == _steps(logs, 1, 1) == list(range(4, STEPS))
+    # Attempt 2 resumed at step 4; rank 1 was killed at step 7, after the commit of step 5.
+    assert _steps(logs, 1, 1) == [4, 5, 6]
+    # Attempt 3 resumed at step 6, the first after the last commit, and did each once.
+    assert _steps(logs, 2, 0) == _steps(logs, 2, 1) == [6, 7]
 
 
-def test_without_a_commit_folder_commits_last_as_long_as_the_process(tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    runner = _runner(-2, None, max_restarts=1, driver_log_verbosity="log_callback_only")
-    done = runner.run(_elastic_script, str(logs), kill="SIGKILL", kill_at=5)
-    assert done == list(range(STEPS))
-    assert _steps(logs, 1, 0) == list(range(STEPS))  # nothing kept: from the beginning
-
-
-def _refused_then_trained(log_dir: str) -> dict[str, Any]:
-    """Every rank's allreduce is refused (mismatched shapes) once, after the second commit."""
-    import os
-
+def _refused_then_trained() -> dict[str, Any]:
+    """Every rank's allreduce is refused (mismatched shapes) once, after the second commit;
+    then a function whose allreduce is always refused."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
     model = torch.nn.Linear(2, 1)
-    state = hvd.elastic.TorchState(model, batch=0, done=[], refused=False, resets=0)
-    state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
+    state = hvd.elastic.TorchState(model, batch=0, done=[])
+    resets: list[int] = []
+    refused: list[int] = []  # outside the state: a restore does not undo it
+    state.register_reset_callbacks([lambda: resets.append(state.batch)])
 
     @hvd.elastic.run
-    def train(state: Any) -> dict[str, Any]:
+    def train(state: Any) -> list[int]:
         while state.batch < 6:
-            if state.batch == 4 and not os.path.exists(os.path.join(log_dir, "refused")):
+            if state.batch == 4 and not refused:
+                refused.append(state.batch)
                 state.done.append(-1)  # undone by the restore
                 with torch.no_grad():
                     model.weight.add_(100.0)  # likewise
-                if hvd.rank() == 0:
-                    open(os.path.join(log_dir, "refused"), "w").close()
-                hvd.barrier()
                 hvd.allreduce(torch.ones(1 + hvd.rank()), name="mismatched")
             state.done.append(state.batch)
             state.batch += 1
             if state.batch % 2 == 0:
                 state.commit()
-        weights = hvd.allgather_object(model.weight.detach().abs().max().item())
-        return {"done": state.done, "resets": state.resets, "weights": weights}
-
-    return train(state)
-
-
-def test_a_horovod_internal_error_restores_the_last_commit_in_process(tmp_path: Path) -> None:
-    runner = _runner(-2, None, max_restarts=0)
-    result = runner.run(_refused_then_trained, str(tmp_path))
-    assert result["done"] == list(range(6))  # the -1 after the commit was rolled back
-    assert result["resets"] == 1  # the callbacks ran once, after the retry
-    assert all(w < 100 for w in result["weights"])  # the weights too, on every rank
-    assert runner.last_run is not None and len(runner.last_run.attempts) == 1
-
-
-def _always_refused() -> None:
-    import horovod.torch as hvd
-    import torch
-
-    hvd.init()
+        return state.done
 
     @hvd.elastic.run
-    def train(state: Any) -> None:
+    def always_refused(state: Any) -> None:
         hvd.allreduce(torch.ones(1 + hvd.rank()), name="mismatched")
 
-    train(hvd.elastic.ObjectState(batch=0))
+    done = train(state)
+    try:
+        always_refused(hvd.elastic.ObjectState(batch=0))
+        gave_up = ""
+    except hvd.HorovodInternalError as exc:
+        gave_up = str(exc)
+    weight = model.weight.detach().abs().max().item()
+    return {"done": done, "resets": resets, "weights": hvd.allgather_object(weight), "gave_up": gave_up}
 
 
-def test_retries_are_bounded() -> None:
-    with pytest.raises(WorkerFailedError) as info:
-        _runner(-2, None).run(_always_refused)
-    assert "HorovodInternalError 4 times with no commit between" in str(info.value)
+def test_a_horovod_internal_error_restores_the_last_commit_in_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runner = _runner(-2, None, max_restarts=0)
+    result = runner.run(_refused_then_trained)
+    assert result["done"] == list(range(6))  # the -1 after the commit was rolled back
+    assert result["resets"] == [4]  # the callbacks ran once, after the restore
+    assert all(w < 100 for w in result["weights"])  # the weights too, on every rank
+    assert runner.last_run is not None and len(runner.last_run.attempts) == 1
+    assert "HorovodInternalError 4 times with no commit between" in result["gave_up"]
+    assert "giving up after 3 retries" in result["gave_up"]
+    out = capsys.readouterr().out
+    assert out.count("retry 1/3") == 2  # once per function, from rank 0
+    # No commit folder: said once, naming the setting.
+    assert out.count(f"Set {commits.COMMIT_DIR_ENV} in the ranks' environment") == 1
 
 
-def _epoch_in_two_sizes(commit_dir_unused: str, stop_after: int) -> dict[str, Any]:
-    """Reads batches of an ElasticSampler's epoch; commits after each; returns what it read
-    (every rank's), the size, and how often the reset callbacks ran."""
+def _epoch_in_two_sizes(stop_after: int) -> dict[str, Any]:
+    """Reads batches of an ElasticSampler's epoch, committing after each; returns what every
+    rank read, the size, and when the reset callbacks ran."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
     data = list(range(37))
     elastic_sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
-    state = hvd.elastic.TorchState(sampler=elastic_sampler, epoch=0, resets=0)
-    state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
+    state = hvd.elastic.TorchState(sampler=elastic_sampler, epoch=0)
+    resets: list[int] = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
 
     @hvd.elastic.run
     def train(state: Any) -> list[int]:
@@ -196,20 +179,18 @@ def _epoch_in_two_sizes(commit_dir_unused: str, stop_after: int) -> dict[str, An
         return read
 
     read = train(state)
-    return {"read": hvd.allgather_object(read), "resets": state.resets, "size": hvd.size()}
+    return {"read": hvd.allgather_object(read), "resets": resets, "size": hvd.size()}
 
 
 def test_an_epoch_resumes_at_another_size_and_the_callbacks_run(tmp_path: Path) -> None:
     where = tmp_path / "commits"
-    first = _runner(-3, where).run(_epoch_in_two_sizes, "", stop_after=2)
-    second = _runner(-2, where).run(_epoch_in_two_sizes, "", stop_after=-1)
-    assert (first["size"], first["resets"]) == (3, 0)
-    assert (second["size"], second["resets"]) == (2, 1)  # committed by 3 ranks, now 2
-    before = sum(first["read"], [])
-    after = sum(second["read"], [])
-    assert len(before) == 2 * 3 * 3
-    assert sorted(set(before + after)) == list(range(37))
-    assert len(before) + len(after) == 37 + (37 - 18) % 2  # padding: one row read twice
+    first = _runner(-2, where).run(_epoch_in_two_sizes, stop_after=2)
+    second = _runner(-1, where).run(_epoch_in_two_sizes, stop_after=-1)
+    assert (first["size"], first["resets"]) == (2, [])
+    assert (second["size"], second["resets"]) == (1, [1])  # committed by 2 ranks, now 1
+    before, after = sum(first["read"], []), sum(second["read"], [])
+    assert len(before) == 2 * 2 * 3  # two batches of 3 on each of 2 ranks
+    assert sorted(before + after) == list(range(37))  # the rest, each row once
 
 
 # -- the sampler alone ---------------------------------------------------------------------------

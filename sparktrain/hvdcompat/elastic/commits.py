@@ -34,6 +34,10 @@ IN_MEMORY_NOTE = (
     f"'{COMMIT_DIR_ENV}': '/dbfs/ckpt/run1'}})) to resume from the last commit"
 )
 
+# Whether this process has said that its commits are in memory only: said once per process
+# (a process may run several elastic functions), as the process is what the commits last as.
+_said_in_memory: list[bool] = []
+
 # What weights-only loading reads back: a commit holds nothing else, so a restart can load it.
 _PLAIN = (int, float, bool, str, bytes, type(None), torch.Tensor, torch.Size, torch.dtype)
 
@@ -76,7 +80,8 @@ class Commits:
     def for_run(cls) -> Commits:
         """The commits this rank's environment asks for; rank 0 says once when none."""
         directory = os.environ.get(COMMIT_DIR_ENV) or None
-        if directory is None and rank() == 0:
+        if directory is None and rank() == 0 and not _said_in_memory:
+            _said_in_memory.append(True)
             context.log_to_driver(IN_MEMORY_NOTE)
         return cls(directory)
 
