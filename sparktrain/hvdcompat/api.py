@@ -161,7 +161,8 @@ __all__ = [
 
 # Names of horovod.torch that this implementation does not provide.
 NOT_PROVIDED = frozenset({"mpi_lib_v2"})
-# Submodules given on first use: ``hvd.elastic`` imports the checkpoint library it writes with.
+# Submodules given on first use, by name: ``hvd.elastic`` writes its commits through
+# sparktrain.checkpoint, a layer above this module (see tests/unit/test_layers.py).
 LAZY_MODULES = {"elastic": "sparktrain.hvdcompat.elastic"}
 
 

@@ -133,7 +133,12 @@ def _refused_then_trained() -> dict[str, Any]:
     except hvd.HorovodInternalError as exc:
         gave_up = str(exc)
     weight = model.weight.detach().abs().max().item()
-    return {"done": done, "resets": resets, "weights": hvd.allgather_object(weight), "gave_up": gave_up}
+    return {
+        "done": done,
+        "resets": resets,
+        "weights": hvd.allgather_object(weight),
+        "gave_up": gave_up,
+    }
 
 
 def test_a_horovod_internal_error_restores_the_last_commit_in_process(

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
+from sparktrain.hvdcompat.autograd import allreduce
+from sparktrain.hvdcompat.basics import rank
 from sparktrain.hvdcompat.collectives import Max
 from sparktrain.hvdcompat.elastic.commits import Commits, check_keepable
 from sparktrain.hvdcompat.elastic.handlers import Handler, handler_for
 from sparktrain.hvdcompat.exceptions import HostsUpdatedInterrupt
 from sparktrain.hvdcompat.functions import broadcast_object
-from sparktrain.hvdcompat.autograd import allreduce
-from sparktrain.hvdcompat.basics import rank
 from sparktrain.worker import context
 
 
@@ -130,9 +130,7 @@ class ObjectState(State):
     def save(self) -> None:
         """Copy every attribute's value (a deep copy: a list appended to after the commit
         goes back to what it was on ``restore``)."""
-        self._saved_state = {
-            name: copy.deepcopy(getattr(self, name)) for name in self._saved_state
-        }
+        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
 
     def restore(self) -> None:
         """Set every attribute back to its committed value."""
@@ -174,6 +172,8 @@ class TorchState(ObjectState):
     Example:
         >>> state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)  # doctest: +SKIP
     """
+
+    _handlers: dict[str, Handler]
 
     def __init__(self, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         kwargs.update(model=model, optimizer=optimizer)
