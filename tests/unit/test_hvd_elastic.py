@@ -132,8 +132,13 @@ def _refused_then_trained() -> dict[str, Any]:
         gave_up = ""
     except hvd.HorovodInternalError as exc:
         gave_up = str(exc)
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+    from horovod.torch.elastic import TorchState
+
+    names = TorchState is hvd.elastic.TorchState and issubclass(HostsUpdatedInterrupt, RuntimeError)
     weight = model.weight.detach().abs().max().item()
     return {
+        "names": names,
         "done": done,
         "resets": resets,
         "weights": hvd.allgather_object(weight),
@@ -146,6 +151,7 @@ def test_a_horovod_internal_error_restores_the_last_commit_in_process(
 ) -> None:
     runner = _runner(-2, None, max_restarts=0)
     result = runner.run(_refused_then_trained)
+    assert result["names"]  # Horovod's module paths give the same objects
     assert result["done"] == list(range(6))  # the -1 after the commit was rolled back
     assert result["resets"] == [4]  # the callbacks ran once, after the restore
     assert all(w < 100 for w in result["weights"])  # the weights too, on every rank
@@ -253,6 +259,28 @@ def test_the_sampler_starts_the_next_epoch_whole_in_a_new_order(
     one.set_epoch(1)
     second = list(one)
     assert sorted(second) == list(range(10)) and second != first
+
+
+def test_a_commit_is_read_back_and_a_folder_of_other_checkpoints_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from sparktrain import checkpoint
+
+    monkeypatch.setattr(commits, "rank", lambda: 0)  # rank 0 of a job of 3
+    monkeypatch.setattr(commits, "size", lambda: 3)
+    kept = commits.Commits(str(tmp_path / "commits"))
+    assert kept.newest() is None
+    kept.write({"objects": {"epoch": 2}, "handlers": {"model": {"w": torch.ones(2)}}})
+    kept.write({"objects": {"epoch": 3}, "handlers": {"model": {"w": torch.zeros(2)}}})
+    newest = commits.Commits(str(tmp_path / "commits")).newest()
+    assert newest is not None
+    assert (newest["step"], newest["world_size"], newest["objects"]) == (1, 3, {"epoch": 3})
+    assert newest["handlers"]["model"]["w"].tolist() == [0.0, 0.0]
+    checkpoint.save({"model": {}}, tmp_path / "other", 7)
+    with pytest.raises(ConfigurationError, match="must name a folder of its own"):
+        commits.Commits(str(tmp_path / "other")).newest()
 
 
 def test_a_commit_refuses_what_it_could_not_load_back() -> None:

@@ -34,6 +34,12 @@ IN_MEMORY_NOTE = (
     f"'{COMMIT_DIR_ENV}': '/dbfs/ckpt/run1'}})) to resume from the last commit"
 )
 
+OWN_STATE_NOTE = (
+    f"sparktrain: hvd.elastic: {COMMIT_DIR_ENV} is set, but the state is a State subclass of "
+    "its own, whose commits are kept in memory only (they last as long as the process): use "
+    "hvd.elastic.TorchState or ObjectState to keep them in the folder"
+)
+
 # Whether this process has said that its commits are in memory only: said once per process
 # (a process may run several elastic functions), as the process is what the commits last as.
 _said_in_memory: list[bool] = []
@@ -77,13 +83,15 @@ class Commits:
     made: int = 0
 
     @classmethod
-    def for_run(cls) -> Commits:
-        """The commits this rank's environment asks for; rank 0 says once when none."""
+    def for_run(cls, kept: bool = True) -> Commits:
+        """The commits this rank's environment asks for; rank 0 says once per process when
+        they last only as long as it (no folder, or a state whose commits cannot be ``kept``
+        there)."""
         directory = os.environ.get(COMMIT_DIR_ENV) or None
-        if directory is None and rank() == 0 and not _said_in_memory:
+        if (directory is None or not kept) and rank() == 0 and not _said_in_memory:
             _said_in_memory.append(True)
-            context.log_to_driver(IN_MEMORY_NOTE)
-        return cls(directory)
+            context.log_to_driver(IN_MEMORY_NOTE if directory is None else OWN_STATE_NOTE)
+        return cls(directory if kept else None)
 
     def newest(self) -> dict[str, Any] | None:
         """Rank 0's newest commit in the folder (None elsewhere, or when there is none)."""
@@ -103,9 +111,10 @@ class Commits:
 
     def write(self, snapshot: dict[str, Any]) -> None:
         """Commit ``snapshot`` as the next step: rank 0 writes it, every rank returns once
-        it is committed (so a restart from here finds it)."""
+        it is committed (so a restart from here finds it). An empty one (a State subclass
+        of the user's own) is not written."""
         self.made += 1
-        if self.directory is None:
+        if self.directory is None or not snapshot:
             return
         self.step += 1
         body = {"format": FORMAT, "world_size": size(), **snapshot}

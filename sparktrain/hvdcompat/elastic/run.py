@@ -93,7 +93,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
 def _resume(state: State) -> None:
     """Load the newest kept commit on rank 0 and tell every rank its number; reset the state
     when it was committed at another size."""
-    commits = Commits.for_run()
+    commits = Commits.for_run(kept=type(state)._snapshot is not State._snapshot)
     state._commits = commits
     snapshot = commits.newest()
     found = (-1, 0) if snapshot is None else (snapshot["step"], snapshot["world_size"])
