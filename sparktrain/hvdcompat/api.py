@@ -7,6 +7,7 @@ themselves, so a script learns at once what it needs that is missing here.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from sparktrain.hvdcompat.autograd import (
@@ -159,16 +160,17 @@ __all__ = [
 ]
 
 # Names of horovod.torch that this implementation does not provide.
-NOT_PROVIDED = frozenset(
-    {
-        "elastic",
-        "mpi_lib_v2",
-    }
-)
+NOT_PROVIDED = frozenset({"mpi_lib_v2"})
+# Submodules given on first use, by name: ``hvd.elastic`` writes its commits through
+# sparktrain.checkpoint, a layer above this module (see tests/unit/test_layers.py).
+LAZY_MODULES = {"elastic": "sparktrain.hvdcompat.elastic"}
 
 
 def __getattr__(name: str) -> Any:
-    """NotImplementedError for the parts of Horovod's API that are not provided."""
+    """``hvd.elastic`` on first use; NotImplementedError for the parts of Horovod's API that
+    are not provided."""
+    if name in LAZY_MODULES:
+        return importlib.import_module(LAZY_MODULES[name])
     if name in NOT_PROVIDED:
         raise NotImplementedError(
             f"hvd.{name} is not supported by sparktrain's built-in horovod.torch; install "

@@ -97,10 +97,10 @@ def test_workshop_steps_as_horovod() -> None:
 @pytest.mark.parametrize(
     ("what", "expected"),
     [
-        ("elastic", "hvd.elastic is not supported by sparktrain's built-in horovod.torch"),
+        ("mpi_lib_v2", "hvd.mpi_lib_v2 is not supported by sparktrain's built-in horovod.torch"),
         ("adasum", "op=hvd.Adasum is not supported by sparktrain's built-in horovod.torch; use"),
     ],
-    ids=["elastic", "adasum"],
+    ids=["mpi_lib_v2", "adasum"],
 )
 def test_unsupported_parts_fail_naming_themselves(mode: str, what: str, expected: str) -> None:
     if mode == "spark" and what == "adasum":

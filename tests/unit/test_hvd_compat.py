@@ -74,8 +74,8 @@ def test_adasum_is_refused_naming_the_alternatives() -> None:
 
 
 def test_missing_parts_raise_not_implemented_naming_themselves() -> None:
-    with pytest.raises(NotImplementedError, match="hvd.elastic is not supported"):
-        api.elastic  # noqa: B018 - the attribute access is what raises
+    with pytest.raises(NotImplementedError, match="hvd.mpi_lib_v2 is not supported"):
+        api.mpi_lib_v2  # noqa: B018 - the attribute access is what raises
     with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
         api.no_such_thing  # noqa: B018
 

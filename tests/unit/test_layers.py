@@ -8,6 +8,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparktrain"
 
+# Subpackages with a layer of their own: Horovod's elastic API (and the shim's names for it)
+# keeps its commits through checkpoint, so it sits above the rest of hvdcompat.
+SUBPACKAGES = (
+    "hvdcompat.elastic",
+    "hvdcompat.shim.horovod.torch.elastic",
+    "hvdcompat.shim.horovod.common",
+)
+
 # Lowest first. A module may import from its own layer and the layers before it.
 LAYERS: list[tuple[str, ...]] = [
     (
@@ -22,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "layout", "shipping"),  # the run's data: settings, layout, pickles
     ("backends",),  # how ranks find each other
     ("worker", "hvdcompat"),  # inside a rank
-    ("checkpoint", "data", "plot"),  # libraries for the user's function
+    ("checkpoint", "data", "plot", *SUBPACKAGES),  # libraries for the user's function
     ("task",),  # inside a Spark task or the local supervisor
     ("driver",),  # on the driver
     ("runner",),  # the public runner
@@ -44,8 +52,13 @@ def module_name(path: Path) -> str:
 
 
 def top(module: str) -> str:
-    """The first name under ``sparktrain`` (``sparktrain`` itself is ``__init__``)."""
+    """The first name under ``sparktrain`` (``sparktrain`` itself is ``__init__``), or the
+    subpackage of SUBPACKAGES that holds ``module``."""
     parts = module.split(".")
+    inner = ".".join(parts[1:])
+    for name in SUBPACKAGES:
+        if inner == name or inner.startswith(f"{name}."):
+            return name
     return parts[1] if len(parts) > 1 else "__init__"
 
 

@@ -1,5 +1,6 @@
 """sparktrain's stand-in for the ``horovod`` package, on a rank's path only (see
-:mod:`sparktrain.hvdcompat`). Only ``horovod.torch`` is provided."""
+:mod:`sparktrain.hvdcompat`). ``horovod.torch`` is provided, with the parts of
+``horovod.common`` that elastic scripts import (``exceptions``, ``elastic``)."""
 
 import os
 import sys

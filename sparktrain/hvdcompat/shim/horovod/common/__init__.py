@@ -1,0 +1,1 @@
+"""``horovod.common``: the parts elastic scripts import (``exceptions``, ``elastic``)."""
