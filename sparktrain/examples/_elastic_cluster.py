@@ -203,15 +203,14 @@ class Operator:
 
     def _take(self) -> None:
         victim = executor_ids(self._sc)[-1]
+        print(
+            f"[demo] taking executor {victim} away for good, as a preempted host vanishes "
+            "(Spark does not replace it)",
+            flush=True,
+        )
         if not self._sc._jsc.sc().killExecutor(victim):
             raise CapacityError(f"Spark refused to take executor {victim} away")
         self._until(lambda: victim not in executor_ids(self._sc), f"executor {victim} to go")
-        left = len(executor_ids(self._sc))
-        print(
-            f"[demo] executor {victim} taken away for good, as a preempted host vanishes "
-            f"({left} of {EXECUTORS} left)",
-            flush=True,
-        )
 
     def _give_back(self) -> None:
         from sparktrain import private_dir

@@ -311,4 +311,5 @@ def _ended(attempt: Any, kept_to: int) -> str:
         return "finished"
     if attempt.resized:
         return f"stopped to grow after checkpoint {kept_to}"
-    return f"lost a host; back to checkpoint {kept_to}"
+    cause = (attempt.cause or "failed").split(":")[0]  # e.g. "rank 1 on HOST was lost"
+    return f"{cause}; back to checkpoint {kept_to}"

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.np == 0:
         parser.error("--np must not be 0")
     args.epochs = 4 if args.epochs is None else args.epochs
-    args.steps_per_epoch = args.steps_per_epoch or 20
+    args.steps_per_epoch = 20 if args.steps_per_epoch is None else args.steps_per_epoch
     from sparktrain import SparkRunner
 
     spark = None
@@ -168,11 +168,17 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[
         parser.error("--elastic loses its host in epoch 1: --epochs must be 2 or more")
     if not args.away >= 0:
         parser.error(f"--away must be a number of seconds >= 0; got {args.away}")
+    ckpt = args.checkpoint_dir
+    if ckpt is not None and os.path.isdir(ckpt) and os.listdir(ckpt):
+        parser.error(
+            f"--elastic starts from the beginning, but --checkpoint-dir {ckpt} holds files "
+            "(an earlier run's checkpoints would be taken up): name a new or empty folder"
+        )
     try:
         _elastic_cluster.check_local_cluster()  # before anything starts
     except ConfigurationError as exc:
         parser.error(str(exc))
-    ckpt_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="resume-", dir=private_dir.root())
+    ckpt_dir = ckpt or tempfile.mkdtemp(prefix="resume-", dir=private_dir.root())
     return _elastic_demo.run(ckpt_dir, epochs, args.away)
 
 
