@@ -39,7 +39,8 @@ def spark_home() -> Path | None:
 
 
 def local_cluster_problem() -> str | None:
-    """Why this Python cannot start a ``local-cluster`` master, with the fix; None if it can."""
+    """Why this installation cannot start a ``local-cluster`` master, with the fix; None if
+    it can (pyspark with its jars and ``bin/spark-submit``, and Java)."""
     home = spark_home()
     if home is None:
         return (
@@ -72,28 +73,33 @@ def local_cluster_problem() -> str | None:
             "install the full package (pip install pyspark), or set SPARK_HOME to a Spark "
             "distribution; the other modes (--np -2) need no Spark"
         )
-    if "pyspark.sql" in sys.modules:
-        from pyspark.sql import SparkSession
-
-        active = SparkSession.getActiveSession()
-        if active is not None:
-            return (
-                "--elastic takes an executor away and gives it back, so it starts a Spark of "
-                f"its own, but this process has an active SparkSession "
-                f"({active.sparkContext.master}): run the demo in a process of its own "
-                "(python -m sparktrain.examples.resume_demo --elastic), or stop that session "
-                "first (spark.stop())"
-            )
     return None
+
+
+def active_session_problem() -> str | None:
+    """Why the demo cannot start its own Spark in this process (one is active); else None."""
+    if "pyspark.sql" not in sys.modules:
+        return None  # pyspark not imported: no session
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is None:
+        return None
+    return (
+        "--elastic takes an executor away and gives it back, so it starts a Spark of its own, "
+        f"but this process has an active SparkSession ({active.sparkContext.master}): run the "
+        "demo in a process of its own (python -m sparktrain.examples.resume_demo --elastic), "
+        "or stop that session first (spark.stop())"
+    )
 
 
 def check_local_cluster() -> None:
     """Refuse, before anything starts, where the demo's own local-cluster cannot run.
 
     Raises:
-        ConfigurationError: what is missing, and how to get it.
+        ConfigurationError: what is missing (or in the way), and what to do.
     """
-    problem = local_cluster_problem()
+    problem = local_cluster_problem() or active_session_problem()
     if problem is not None:
         raise ConfigurationError(problem)
 
