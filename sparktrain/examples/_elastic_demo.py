@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sparktrain.examples._common import print_table
+from sparktrain.examples._common import print_table, shutdown_distributed
 from sparktrain.examples._elastic_cluster import (
     BACK,
     EXECUTORS,
@@ -145,7 +145,7 @@ def train_elastic(
             if size < high and saves == 2 and _hold(sparktrain.should_stop, STOP_WAIT):
                 return None  # stopped after that checkpoint, to be launched larger
         tell(f"epoch {epoch}: loss {loss.item():.4f} after {steps} steps on {_ranks(size)}")
-    dist.destroy_process_group()
+    shutdown_distributed()
     once = [
         {
             "epoch": e,
@@ -248,8 +248,8 @@ def summarize(record: Any, result: Mapping[str, Any], ckpt_dir: str) -> dict[str
                 "attempt": a.attempt + 1,
                 "ranks": a.world_size,
                 "why": _why(record.attempts, a.attempt, first),
-                "steps": f"{first} -> {reached}",
-                "again": reached - kept_to,
+                "steps": f"{first} -> {reached}" if steps else "none",
+                "again": max(0, reached - kept_to),
                 "ended": _ended(a, kept_to),
             }
         )
