@@ -79,10 +79,10 @@ def test_no_java_is_refused_naming_java_home(tmp_path, monkeypatch):
 @needs_java
 @pytest.mark.skipif(importlib.util.find_spec("pyspark") is None, reason="pyspark not installed")
 def test_the_installed_pyspark_can_start_a_local_cluster(monkeypatch):
-    import pyspark
-
     monkeypatch.delenv("SPARK_HOME", raising=False)
-    assert _elastic_cluster.spark_home() == Path(pyspark.__file__).parent
+    package = Path(importlib.util.find_spec("pyspark").origin).parent  # not imported: fast
+    assert _elastic_cluster.spark_home() == package
+    assert (package / "jars").is_dir()
     assert _elastic_cluster.local_cluster_problem() is None
 
 
@@ -90,6 +90,9 @@ def test_options_the_elastic_mode_does_not_take_are_refused(tmp_path, capsys):
     assert "leave --np out" in elastic_error(["--np", "2"], capsys)
     assert "leave --steps-per-epoch out" in elastic_error(["--steps-per-epoch", "5"], capsys)
     assert "--epochs must be 2 or more" in elastic_error(["--epochs", "1"], capsys)
+    assert "--away must be a number of seconds >= 0; got nan" in elastic_error(
+        ["--away", "nan"], capsys
+    )
     used = tmp_path / "used"
     used.mkdir()
     (used / "sparktrain-owner.json").write_text("{}")
