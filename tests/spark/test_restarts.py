@@ -15,6 +15,7 @@ from sparktrain import RunTimeoutError, SparkRunner, WorkerFailedError
 from sparktrain.checkpoint import load_latest
 from tests.conftest import ranks
 from tests.fixtures import resumable
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HOROVOD = importlib.util.find_spec("horovod") is not None
@@ -186,6 +187,21 @@ def printed_table(out: str, title: str) -> list[dict[str, str]]:
     return rows
 
 
+def started_with(variable: str) -> list[int]:
+    """The processes whose environment holds ``variable`` (``NAME=value``)."""
+    wanted = variable.encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if environ.startswith(wanted) or b"\0" + wanted in environ:
+                found.append(int(entry.name))
+    return found
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_resume_demo_elastic_loses_a_host_and_grows_back(tmp_path):
@@ -233,6 +249,9 @@ def test_resume_demo_elastic_loses_a_host_and_grows_back(tmp_path):
     )
     final = load_latest(str(ckpt))
     assert final is not None and final.step == 52 and int(final.state["rows"].sum()) == 3 * 256
+    # Nothing the demo started outlives it: its JVMs, executors, tasks and ranks all had
+    # its private TMPDIR in their environment.
+    wait_for(lambda: not started_with(f"TMPDIR={private_tmp}"), 60, "the demo's processes gone")
 
 
 @pytest.mark.spark
