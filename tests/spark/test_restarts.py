@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from sparktrain import RunTimeoutError, SparkRunner, WorkerFailedError
+from sparktrain.checkpoint import load_latest
 from tests.conftest import ranks
 from tests.fixtures import resumable
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HOROVOD = importlib.util.find_spec("horovod") is not None
@@ -169,3 +172,97 @@ def test_resume_demo_from_the_readme(capsys, caplog, tmp_path):
     assert "attempt 1/3 failed: rank 1 on 127.0.0.1 was killed by SIGKILL" in caplog.text
     assert "finished in attempt 2 after 1 failure(s)" in out
     assert "resuming at epoch 2 from the checkpoint of step 10" in out
+
+
+def printed_table(out: str, title: str) -> list[dict[str, str]]:
+    """The rows of a table the demo printed under ``title`` (cells apart by 2+ spaces)."""
+    lines = out.split("\n")
+    start = lines.index(title)
+    header = re.split(r"\s{2,}", lines[start + 1].strip())
+    rows = []
+    for line in lines[start + 3 :]:
+        if not line.strip():
+            break
+        rows.append(dict(zip(header, re.split(r"\s{2,}", line.strip()), strict=True)))
+    return rows
+
+
+def started_with(variable: str) -> list[int]:
+    """The processes whose environment holds ``variable`` (``NAME=value``)."""
+    wanted = variable.encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if environ.startswith(wanted) or b"\0" + wanted in environ:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_resume_demo_elastic_loses_a_host_and_grows_back(tmp_path):
+    """``python -m sparktrain.examples.resume_demo --elastic`` as a user runs it: its own
+    local-cluster loses an executor for good mid-epoch and gets it back; every epoch's rows
+    are counted once on the ranks, across the three sizes."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir(mode=0o700)
+    ckpt = tmp_path / "ckpt"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(private_tmp)}
+    env.pop("SPARK_HOME", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparktrain.examples.resume_demo", "--elastic"]
+        + ["--checkpoint-dir", str(ckpt)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    attempts = printed_table(out, "Attempts")
+    assert [row["ranks"] for row in attempts] == ["2", "1", "2"], out
+    lost, smaller, larger = attempts
+    assert lost["ended"].endswith("was lost; back to checkpoint 24") and lost["done again"] == "2"
+    assert smaller["steps"] == "24 -> 32" and smaller["why this size"] == "restart on what is left"
+    assert smaller["ended"] == "stopped to grow after checkpoint 32"
+    assert larger["steps"] == "32 -> 52" and larger["ended"] == "finished"
+    epochs = printed_table(out, "Rows per epoch, counted per row id on the ranks")
+    assert [(e["epoch"], e["seen"], e["twice"], e["skipped"]) for e in epochs] == [
+        (str(epoch), "256", "0", "0") for epoch in range(3)
+    ]
+    assert epochs[1]["ranks"] == "2 -> 1 -> 2"
+    assert (
+        f"sizes [2, 1, 2]; 52 steps, 2 done again after the loss; rows twice 0, skipped 0; checkpoints in {ckpt}"
+        in out
+    )
+    assert "[demo] taking executor" in out and "away for good" in out
+    assert "[rank 0] attempt 2: 1 rank, epoch 1 from checkpoint 24" in out
+    assert "attempt 1/3 failed: rank" in proc.stderr
+    assert (
+        "grow from 1 to 2 ranks: task slots became free (stopped after checkpoint step 32)"
+        in proc.stderr
+    )
+    final = load_latest(str(ckpt))
+    assert final is not None and final.step == 52 and int(final.state["rows"].sum()) == 3 * 256
+    # Nothing the demo started outlives it: its JVMs, executors, tasks and ranks all had
+    # its private TMPDIR in their environment.
+    wait_for(lambda: not started_with(f"TMPDIR={private_tmp}"), 60, "the demo's processes gone")
+
+
+@pytest.mark.spark
+def test_resume_demo_elastic_refuses_an_active_session(spark, tmp_path, capsys):
+    from sparktrain.examples import resume_demo
+
+    with pytest.raises(SystemExit) as info:
+        resume_demo.main(["--elastic", "--checkpoint-dir", str(tmp_path / "ckpt")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "this process has an active SparkSession (local-cluster[2,1,1024])" in err
+    assert "run the demo in a process of its own" in err
+    assert spark.sparkContext._jsc.sc().getExecutorIds().size() == 2  # its executors untouched
+    assert not (tmp_path / "ckpt").exists()
