@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 from typing import Any
 
+from sparktrain.driver.elastic import ResizeStop
 from sparktrain.driver.failures import job_failure
 from sparktrain.driver.launch import Launch
 from sparktrain.driver.result_intake import ResultReceiver
@@ -120,7 +121,9 @@ class RunOutcome:
         if self.failures:
             kept = self._keep_results()
             raise WorkerFailedError(self.failures, kept, stopped=self.stopped)
-        if self.stop_error is not None or done.get("error") is not None:
+        # Stopped to grow, the run goes on larger and returns that attempt's value.
+        resizing = isinstance(self.stop_error, ResizeStop)
+        if not resizing and (self.stop_error is not None or done.get("error") is not None):
             self._keep_results(say=True)
         if isinstance(self.stop_error, RunTimeoutError):
             # Raised with where every rank was, which is known only now.

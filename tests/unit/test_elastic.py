@@ -16,7 +16,13 @@ from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.elastic import GrowWatch, ResizeStop, choose_size, fitting_size
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.run_record import RunRecord
-from sparktrain.errors import CapacityError, ConfigurationError, WorkerFailedError, WorkerFailure
+from sparktrain.errors import (
+    CapacityError,
+    ConfigurationError,
+    SparkTrainError,
+    WorkerFailedError,
+    WorkerFailure,
+)
 from sparktrain.task.assignment import TaskJob
 
 
@@ -383,3 +389,26 @@ def test_rank_0s_save_tells_the_driver_and_only_it_can_stop_the_run_to_grow(monk
     assert monitor._handle(1, protocol.SAVED(rank=0, step=4)) is stop and asked == [4]
     monitor.stop_reason = "rank 1 failed"  # already stopping for another reason
     assert monitor._handle(1, protocol.SAVED(rank=0, step=5)) is None and asked == [4]
+
+
+def test_a_stop_to_grow_keeps_no_result_and_warns_of_none(caplog):
+    """Stopped to grow, the run returns the larger attempt's value: what rank 0 returned as
+    it stopped is neither kept nor announced as 'the run returns no value'."""
+    from sparktrain.driver.monitor import RunMonitor
+
+    def concluded(stop_error: Exception) -> tuple[BaseException, list[str]]:
+        monitor = RunMonitor(RunConfig(np=2), server=Any, kept_name="grow-attempt1-rank0")
+        kept: list[str] = []
+        monitor.results.keep = lambda rank_of, name: kept.append(name) or " (kept)"
+        monitor.stop_error = stop_error
+        with pytest.raises(type(stop_error)) as raised:
+            monitor._conclude({"records": [], "error": None}, launch=Any)
+        return raised.value, kept
+
+    caplog.set_level("WARNING")
+    grow = ResizeStop(4, "grow from 2 to 4 ranks")
+    assert concluded(grow) == (grow, [])
+    assert "returns no value" not in caplog.text
+    cancelled = SparkTrainError("cancelled")
+    assert concluded(cancelled) == (cancelled, ["grow-attempt1-rank0"])
+    assert "the run returns no value (kept)" in caplog.text
