@@ -98,32 +98,48 @@ class Attempts:
 
     @contextlib.contextmanager
     def _slots(self) -> Iterator[int]:
-        """Hold this run's task slots against the other runs of this process."""
-        if self.session is None or self.connect is not None:
+        """Hold this run's task slots against the other runs of this process.
+
+        A Connect session's runs take turns within the slots its conf promises (the client
+        cannot count the live ones), with the other runs of this process on the same server;
+        where the conf does not say, they launch at once and Spark's barrier check waits.
+        """
+        if self.session is None or (self.connect is not None and self.connect.slots is None):
             if self.ticket is not None:
                 forget(self.ticket)  # it takes no place: the runs behind it need not wait
             if self.on_wait is not None:
                 self.on_wait(None)  # nothing to wait for: it launches now
             yield 0
             return
-        application = _application(self.session)
+        if self.connect is not None:
+            from sparktrain.driver.launch.connect import shared_slots
+
+            application = shared_slots(self.session)
+        else:
+            application = _application(self.session)
         # An elastic run holds the slots of its min: beyond them it takes what is free.
         tasks = self.job.tasks
         if self.config.elastic is not None:
             tasks = smallest(self.config, self.job.ranks_per_task) // self.job.ranks_per_task
         with reserve(application, tasks, self.ticket, admitted=False) as token:
-            from sparktrain.driver.capacity import total_slots
-
             take_turn(
                 application,
                 token,
-                lambda: total_slots(self.session.sparkContext),
+                self._total_slots,
                 self.config.queue_wait,
                 self._refuse,
                 self.stop,
                 self.on_wait or self._tell_wait,
             )
             yield token
+
+    def _total_slots(self) -> int:
+        """The cluster's task slots: live on a classic session, the conf's under Connect."""
+        if self.connect is not None and self.connect.slots is not None:
+            return self.connect.slots
+        from sparktrain.driver.capacity import total_slots
+
+        return total_slots(self.session.sparkContext)
 
     def _refuse(self, line: Line, waited: bool) -> CapacityError:
         """The error of a run that may not wait (longer) for its turn."""

@@ -44,11 +44,14 @@ class ConnectPlan:
         address: where executors reach this client's channel.
         reachable: whether they can; False runs the tasks detached.
         executor: what the probe task said of its executor (versions, host).
+        slots: the task slots the session's conf promises, or None when it cannot say; the
+            runs of this process on the same server take turns within them.
     """
 
     address: str
     reachable: bool
     executor: dict[str, str]
+    slots: int | None = None
 
 
 def static_slots(conf: dict[str, str | None]) -> int | None:
@@ -77,10 +80,13 @@ def static_slots(conf: dict[str, str | None]) -> int | None:
     return None
 
 
-def check_slots(session: Any, np: int, ranks_per_task: int = 1) -> None:
+def check_slots(session: Any, np: int, ranks_per_task: int = 1) -> int | None:
     """Refuse ``np`` ranks that the static conf cannot run at once (see the module's note).
 
     Slots count tasks: with ``ranks_per_task`` k (k GPUs per task), np ranks need np / k.
+
+    Returns:
+        The task slots the conf promises, or None when it cannot say.
 
     Raises:
         CapacityError: the conf promises fewer slots than the run's tasks.
@@ -110,6 +116,7 @@ def check_slots(session: Any, np: int, ranks_per_task: int = 1) -> None:
             f"{conf['spark.task.cpus'] or 1}): lower np, or give the cluster more executor cores"
         )
     _log.warning("%s", unseen_slots_note(tasks, slots))
+    return slots
 
 
 def unseen_slots_note(tasks: int, slots: int | None) -> str:
@@ -148,7 +155,7 @@ def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> Co
         ConfigurationError: the executors' Python minor version, cloudpickle, torch or
             sparktrain differ from the client's, or the probe job failed.
     """
-    check_slots(session, config.world_size, ranks_per_task)
+    slots = check_slots(session, config.world_size, ranks_per_task)
     advertise = config.client_address or client_address(session)
     with socket.socket(_family(advertise), socket.SOCK_STREAM) as listener:
         listener.bind((listen_address(advertise, _any(advertise)), 0))
@@ -180,7 +187,7 @@ def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> Co
                 conf_key("log_dir"),
                 conf_key("client_address"),
             )
-    return ConnectPlan(address=advertise, reachable=reachable, executor=executor)
+    return ConnectPlan(address=advertise, reachable=reachable, executor=executor, slots=slots)
 
 
 def _family(address: str) -> socket.AddressFamily:

@@ -86,7 +86,8 @@ def make_parser(
         "--master",
         default=DEFAULT_MASTER,
         help="Spark master for the session this example starts when none is active "
-        f"(default {DEFAULT_MASTER}: two executor JVMs on this machine)",
+        f"(default {DEFAULT_MASTER}: two executor JVMs on this machine); sc://HOST:PORT "
+        "connects to a Spark Connect server instead",
     )
     parser.add_argument("--epochs", type=int, default=epochs, help=f"default {epochs}")
     parser.add_argument(
@@ -152,7 +153,9 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "sparktrain-exam
     """The active SparkSession, or a new quiet one on ``master`` (UI off, errors-only logs).
 
     Executors start ``PYSPARK_PYTHON``; it defaults here to this interpreter, so they share
-    its packages (torch, sparktrain). Set it before calling to use another.
+    its packages (torch, sparktrain). Set it before calling to use another. A ``sc://``
+    master is a Spark Connect server: the session is a Connect client of it (the server's
+    own settings then say where the executors' Python is).
 
     Returns:
         ``(session, created)``: ``created`` is True when this call started the session, so
@@ -163,6 +166,8 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "sparktrain-exam
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
+    if master.startswith("sc://"):
+        return SparkSession.builder.remote(master).appName(app_name).getOrCreate(), True
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
@@ -200,6 +205,15 @@ def _log4j2_file() -> str | None:
     return str(path)
 
 
+def master_of(session: Any) -> str:
+    """The session's master: a Spark Connect client (no SparkContext) reads it from its conf."""
+    from sparktrain.driver.launch.connect import is_connect
+
+    if is_connect(session):
+        return f"Spark Connect, {session.conf.get('spark.master', 'master not shown')}"
+    return str(session.sparkContext.master)
+
+
 @contextlib.contextmanager
 def spark_for(np: int, master: str = DEFAULT_MASTER) -> Iterator[Any]:
     """Yield the SparkSession ``np`` ranks need: None for ``np < 0``; stop it after if started."""
@@ -209,7 +223,7 @@ def spark_for(np: int, master: str = DEFAULT_MASTER) -> Iterator[Any]:
         return
     start = time.monotonic()
     session, created = spark_session(master)
-    actual = session.sparkContext.master
+    actual = master_of(session)
     if created:
         print(f"Spark: started {actual} in {time.monotonic() - start:.1f} s", flush=True)
     else:

@@ -136,14 +136,6 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
         get = self.getOrDefault
         check_settings(self)
         task = self.resolved_task()
-        if get(self.np) > 0 and type(dataset.sparkSession).__module__.startswith(
-            "pyspark.sql.connect"
-        ):
-            raise ConfigurationError(
-                "fit with np > 0 needs a classic SparkSession (Spark Connect sessions cannot "
-                "start barrier tasks through SparkRunner yet); run on the cluster's driver, or "
-                "use np < 0 to train on the driver"
-            )
         features = features_expression(dataset, self.getFeaturesCol())
         label = self.getLabelCol()
         cast = label_type(dataset, label, task)

@@ -150,6 +150,27 @@ class _TorchModelWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Save to ``path``; with ``overwrite()``, what is there is removed first.
+
+        From a Spark Connect session the server removes it (pyspark's own overwrite reaches
+        for the JVM, which a Connect client does not have).
+        """
+        from sparktrain.driver.launch.connect import is_connect
+
+        if not (self.shouldOverwrite and is_connect(self.sparkSession)):
+            super().save(path)
+            return
+        try:
+            from pyspark.ml.connect.readwrite import RemoteMLWriter
+        except ImportError as exc:  # pyspark 3.5: no Spark ML over Connect
+            raise ConfigurationError(
+                f"overwrite() from a Spark Connect session needs pyspark 4.0 or later (this "
+                f"client has an older one); remove {path} first, or save without overwrite()"
+            ) from exc
+        RemoteMLWriter.handleOverwrite(path, True)
+        self.saveImpl(path)
+
     def saveImpl(self, path: str) -> None:
         if self.instance.model_factory is None:
             raise ConfigurationError("this TorchModel has no model to save; fit or load one")

@@ -64,6 +64,15 @@ def server_endpoint(session: Any) -> tuple[str, int] | None:
         return None
 
 
+def shared_slots(session: Any) -> str:
+    """A name for the task slots a session's runs share: its server's (whose sessions all
+    run on one cluster), or the session's own when the server's address is not known."""
+    endpoint = server_endpoint(session)
+    if endpoint is None:
+        return f"connect:{session.session_id}"
+    return f"connect:{endpoint[0]}:{endpoint[1]}"
+
+
 def client_address(session: Any) -> str:
     """The address of this machine on the way to the Connect server.
 
