@@ -118,6 +118,9 @@ class RunMonitor:
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
         self.stop_error: SparkTrainError | None = None
+        # Whether on_saved stopped the ranks after a checkpoint: the run goes on in a launch
+        # of another size, so what these ranks returned is nobody's result and is not kept.
+        self.superseded = False
         # Whether the launch was cancelled: from then on tasks may end without saying so.
         self.cancelled = False
         # Authenticated messages of an unknown kind or with missing or mistyped fields.
@@ -366,7 +369,9 @@ class RunMonitor:
                 self.on_report(message)
         elif kind is protocol.SAVED:
             if self.on_saved is not None and message["rank"] == 0 and self.stop_reason is None:
-                return self.on_saved(message["step"])
+                stop = self.on_saved(message["step"])
+                self.superseded = stop is not None
+                return stop
         elif kind is protocol.STACK:
             state = WorkerFailure.from_json(message["record"])
             if message["stopped"]:
@@ -458,8 +463,9 @@ class RunMonitor:
     def _keep_results(self, say: bool = False) -> str:
         """Keep the results that reached the driver of a run that returns none of them (a rank
         that finished as another failed, or as the run was stopped); what the error says of
-        them (empty when none arrived), or with ``say``, a warning says it."""
-        if self.kept_name is None:
+        them (empty when none arrived), or with ``say``, a warning says it. Nothing is kept
+        of ranks stopped at a checkpoint to launch the run at another size (``on_saved``)."""
+        if self.kept_name is None or self.superseded:
             return ""
         kept = self.results.keep(self.rank_of, self.kept_name)
         if kept and say:
