@@ -1,9 +1,9 @@
 """An elastic run (np=(2, 4)) loses a host mid-epoch, goes on at 2 ranks while the host stays
 down, and grows back to 4 at a checkpoint once the host's Worker is back.
 
-The loop trains on the DataFrame loader (cached on the tier's S3) and checkpoints the model
-and the loader's place to S3 after every step; its model counts each row's training per
-epoch (tests/fixtures/row_counting.py). Whatever the sizes, every row of every epoch is
+The loop trains on the DataFrame loader (its cache on a folder every host mounts) and
+checkpoints the model and the loader's place to the tier's S3 after every step; its model
+counts each row's training per epoch (tests/fixtures/row_counting.py). Whatever the sizes, every row of every epoch is
 trained on exactly once, which both the ranks' records of their steps and the final model
 show. The cluster is whole again afterwards, for the tier's other tests.
 """
