@@ -26,7 +26,7 @@ it with exit status 1. When pyspark.ml.torch.distributor imports, TorchDistribut
 processes, local_mode=False) runs a function whose rank 1 kills its executor the same way; it
 has no checkpoint or restart of its own, so its row says how it ended and when.
 
-    flock /tmp/sparktrain-spark.lock python benchmarks/bench_elastic.py [--repeats 2]
+    flock /tmp/sparktrain-spark.lock python benchmarks/bench_elastic.py [--repeats 2] [--show-records]
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class CapacityWatch:
 
 
 def lose_executor_under_distributor(stamps: str) -> int:
-    """TorchDistributor's function: rank 1 notes the time and kills its executor; a run of
-    it after that (Spark retrying the stage) notes when it started instead."""
+    """TorchDistributor's function: rank 1 notes the time and kills its executor, rank 0
+    waits to be ended; a rank started again (Spark retrying the stage) notes when instead."""
     import os
     import signal
     import time
@@ -94,8 +94,9 @@ def lose_executor_under_distributor(stamps: str) -> int:
     import psutil
 
     rank = int(os.environ["RANK"])
-    lost = os.path.join(stamps, "lost")
-    if os.path.exists(lost):
+    try:  # each rank's first start leaves a mark; finding its own mark means a retry
+        os.close(os.open(os.path.join(stamps, f"start.{rank}"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
         with open(os.path.join(stamps, f"again.{rank}"), "w") as fh:
             fh.write(repr(time.time()))
         return rank
@@ -105,6 +106,7 @@ def lose_executor_under_distributor(stamps: str) -> int:
             for p in psutil.Process().parents()
             if any("CoarseGrainedExecutorBackend" in part for part in p.cmdline())
         )
+        lost = os.path.join(stamps, "lost")
         with open(lost + ".part", "w") as fh:
             fh.write(repr(time.time()))
         os.rename(lost + ".part", lost)
@@ -136,6 +138,8 @@ def one_run(
                 keep_last=2,
             )
         record = runner.last_run
+        if args.show_records:
+            print(f"\n{record.describe()}", flush=True)
         sizes = record.sizes
         causes = [a.cause or "" for a in record.attempts[:1]]
         require("rank 1" in causes[0], f"the first restart's cause is not rank 1: {causes}")
@@ -172,18 +176,17 @@ def distributor_run(spark: Any) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="bench-elastic-td-") as stamps:
         distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-        outcome = "fails"
         try:
             distributor.run(lose_executor_under_distributor, stamps)
-            ended = time.time()
         except Exception as exc:  # noqa: BLE001 - its failure is what is measured
-            ended = time.time()
-            outcome = f"fails ({type(exc).__name__})"
-        lost = float(Path(stamps, "lost").read_text())
-        again = sorted(Path(stamps).glob("again.*"))
-        if again:  # Spark ran the whole stage again, from the start: no resume
-            outcome = "runs it again from the start"
+            ended, outcome = time.time(), f"fails ({type(exc).__name__})"
+        else:
+            again = sorted(Path(stamps).glob("again.*"))
+            require(bool(again), "TorchDistributor ended well without running the ranks again")
+            # Spark ran the whole stage again, from the start (no resume): when it began.
             ended = min(float(p.read_text()) for p in again)
+            outcome = "runs it all again"
+        lost = float(Path(stamps, "lost").read_text())
         return {"loss": ended - lost, "outcome": outcome}
 
 
@@ -218,6 +221,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4096, help="row ids in the one epoch")
     parser.add_argument("--batch", type=int, default=8, help="rows per rank per step")
     parser.add_argument("--step-time", type=float, default=0.05, help="compute per step, s")
+    parser.add_argument(
+        "--show-records",
+        action="store_true",
+        help="print each run's attempts and their phases (runner.last_run.describe())",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from pyspark.sql import SparkSession
