@@ -412,3 +412,63 @@ def test_a_stop_to_grow_keeps_no_result_and_warns_of_none(caplog):
     cancelled = SparkTrainError("cancelled")
     assert concluded(cancelled) == (cancelled, ["grow-attempt1-rank0"])
     assert "the run returns no value (kept)" in caplog.text
+
+
+def test_ranks_stopped_to_grow_leave_no_kept_result_and_no_warning(tmp_path, monkeypatch, caplog):
+    """The real monitor against scripted tasks that send results as real tasks do: rank 0
+    saves, the run stops to grow, and each rank returns at should_stop() with a value, as the
+    guide's loop does. That value is nobody's result: the run goes on larger and returns
+    the larger attempt's, so the driver neither keeps it in a file nor warns of it."""
+    import tempfile
+    import threading
+
+    from sparktrain import wire
+    from sparktrain.driver.channel import ChannelServer
+    from sparktrain.driver.monitor import RunMonitor
+    from sparktrain.shipping.payload import dump_result
+    from sparktrain.task import result_upload
+    from sparktrain.task.driver_link import TaskSession
+    from sparktrain.wire import protocol
+    from tests.unit.test_all_results import _relay
+    from tests.unit.test_monitor import FakeLaunch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where kept results would go
+    config = RunConfig(np=2, grace_period=1)
+    stop = ResizeStop(4, "grow from 2 to 4 ranks: task slots became free")
+    asked: list[int] = []
+    sent: list[dict[str, Any]] = []
+    with ChannelServer(wire.new_key()) as server:
+        job = TaskJob("grow", 1, config.to_json(), server.address, server.key, b"")
+
+        def body(tasks, done) -> None:
+            for task in tasks:
+                task.hello()
+            for rank, task in enumerate(tasks):
+                task.started(rank)
+            tasks[0].client.send(protocol.SAVED(rank=0, step=3))
+            assert all(task.aborted.wait(10) for task in tasks)
+            records = []
+            for rank, task in enumerate(tasks):
+                session = TaskSession(job, task.client)
+                threading.Thread(target=_relay, args=(task, session), daemon=True).start()
+                value = dump_result({"stopped": 3}, 1 << 20, rank)
+                mine = {"index": rank, "rank": rank, "status": "ok", "result": value}
+                records += result_upload.deliver(session, [mine], "host-a")
+            sent.extend(records)
+            for task in tasks:
+                task.exited()
+            done(records, None)
+
+        monitor = RunMonitor(
+            config,
+            server,
+            kept_name="grow-attempt2-rank0",
+            on_saved=lambda step: asked.append(step) or stop,
+        )
+        with caplog.at_level(logging.WARNING, logger="sparktrain"), pytest.raises(ResizeStop):
+            monitor.watch(FakeLaunch(server, 2, body))
+    assert asked == [3] and monitor.stop_error is stop
+    # Both values reached the driver (sent, not carried): there was something to keep.
+    assert [r.get("result_sent", 0) > 0 for r in sent] == [True, True]
+    assert "returns no value" not in caplog.text
+    assert [p.name for p in tmp_path.rglob("*.pkl")] == []
