@@ -11,7 +11,9 @@
 ``ddp_trainer``        the DDP tutorial: a ``Trainer`` around ``DistributedDataParallel`` with
                        ResNet-18 (torchvision) or a small ResNet on CIFAR-10-shaped data
 ``dist_torch_starter`` the "workers" starter, with ``--gpus`` instead of an edited line
-``resume_demo``        a rank is killed mid-run; ``max_restarts`` resumes from the checkpoint
+``resume_demo``        a rank is killed mid-run; ``max_restarts`` resumes from the checkpoint;
+                       ``--elastic``: a host lost for good, the run goes on smaller and grows
+                       back when it returns, every row of every epoch trained once
 =====================  ===================================================================
 
 Each module has ``main(argv=None)`` that returns a dict of results, so it can be called from
