@@ -28,7 +28,7 @@ from sparktrain.driver.inflight import (
     reserve,
     take_turn,
 )
-from sparktrain.driver.launch import Launch
+from sparktrain.driver.launch import channel_address, new_launch
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.result_intake import all_results, rank0_result
@@ -43,7 +43,6 @@ from sparktrain.errors import (
 from sparktrain.log import get_logger
 from sparktrain.shipping.payload import kept_result_name
 from sparktrain.task.assignment import TaskJob
-from sparktrain.wire.address import listen_address
 
 _log = get_logger(__name__)
 
@@ -292,7 +291,7 @@ class Attempts:
     def _attempt(self, job: TaskJob, attempt: AttemptRecord) -> list[dict[str, Any]]:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
-        bind, advertise = _channel_address(self.session, self.connect)
+        bind, advertise = channel_address(self.session, self.connect)
         with ChannelServer(
             key, bind=bind, advertise=advertise, world_size=self.config.world_size
         ) as server:
@@ -318,7 +317,7 @@ class Attempts:
             stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
             try:
                 with stop:
-                    return monitor.watch(_launch(self.session, job, description, self.connect))
+                    return monitor.watch(new_launch(self.session, job, description, self.connect))
             except (KeyboardInterrupt, CancelledError):
                 raise
             except Exception as exc:
@@ -389,33 +388,3 @@ def _restartable(error: BaseException, config: RunConfig) -> bool:
     if root.user_error:
         return config.restart_on_user_error
     return True
-
-
-def _channel_address(session: Any, connect: ConnectPlan | None = None) -> tuple[str, str]:
-    """Where the channel listens and what address tasks use to reach it."""
-    if session is None:
-        return "127.0.0.1", "127.0.0.1"
-    if connect is not None:
-        fallback = "::" if ":" in connect.address else "0.0.0.0"
-        return listen_address(connect.address, fallback), connect.address
-    conf = session.sparkContext.getConf()
-    advertise = conf.get("spark.driver.host") or "127.0.0.1"
-    # Tasks connect to spark.driver.host, so that address alone is listened on when it is
-    # this machine's. It may not be (NAT, a container's published address, a proxy): then
-    # the channel listens where Spark's own driver does, which tasks can reach.
-    fallback = conf.get("spark.driver.bindAddress") or "0.0.0.0"
-    return listen_address(advertise, fallback), advertise
-
-
-def _launch(session: Any, job: TaskJob, description: str, connect: ConnectPlan | None) -> Launch:
-    if session is None:
-        from sparktrain.driver.launch.local import LocalLaunch
-
-        return LocalLaunch(job)
-    if connect is not None:
-        from sparktrain.driver.launch.connect import ConnectLaunch
-
-        return ConnectLaunch(session, job, description)
-    from sparktrain.driver.launch.stage import SparkLaunch
-
-    return SparkLaunch(session, job, description)

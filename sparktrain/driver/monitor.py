@@ -15,17 +15,9 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from sparktrain.config import RunConfig, conf_key
+from sparktrain.driver import deadlines
 from sparktrain.driver.channel import CLOSED, ChannelServer
-from sparktrain.driver.deadlines import (
-    CANCEL,
-    DRAIN,
-    RENDEZVOUS,
-    RUN,
-    STALL,
-    STOP,
-    Deadlines,
-    next_event,
-)
+from sparktrain.driver.deadlines import Deadlines, next_event
 from sparktrain.driver.failures import rendezvous_timeout
 from sparktrain.driver.inflight import STOP as STOP_REQUEST
 from sparktrain.driver.launch import Launch
@@ -160,29 +152,29 @@ class RunMonitor(RunOutcome):
         # job alone tells how the run went, and Spark's barrier is their rendezvous.
         detached = bool(getattr(launch, "detached", False))
         timers = Deadlines()
-        timers.set(RENDEZVOUS, None if detached else t0 + self.config.start_timeout)
-        timers.set(RUN, t0 + self.config.timeout if self.config.timeout else None)
+        timers.set(deadlines.RENDEZVOUS, None if detached else t0 + self.config.start_timeout)
+        timers.set(deadlines.RUN, t0 + self.config.timeout if self.config.timeout else None)
         done: dict[str, Any] | None = None
         interrupted = False
         while True:
             if done is not None and detached:
                 break
-            if done is not None and DRAIN not in timers:
+            if done is not None and deadlines.DRAIN not in timers:
                 self.times["done"] = time.monotonic()
-                timers.set(DRAIN, self.times["done"] + DRAIN_WAIT)
+                timers.set(deadlines.DRAIN, self.times["done"] + DRAIN_WAIT)
             # After a stop, the job may end before every task confirmed its ranks are gone
             # (a Spark cancel is asynchronous): keep listening for those confirmations. After
             # any end, a task's last messages (its final log lines) may still be on their way:
             # they come before its "exited", so wait a moment for that.
-            draining = timers.ahead(DRAIN, time.monotonic())
+            draining = timers.ahead(deadlines.DRAIN, time.monotonic())
             # Tasks whose records came back have run, even if their hello is still on its way.
             expected = self.arrived | {r.get("index") for r in (done or {}).get("records") or ()}
-            confirming = (STOP in timers or draining) and not self.exited >= expected
+            confirming = (deadlines.STOP in timers or draining) and not self.exited >= expected
             if done is not None and not confirming:
                 break
-            timers.set(STALL, self.stall.deadline() if self.stop_reason is None else None)
+            timers.set(deadlines.STALL, self.stall.deadline() if self.stop_reason is None else None)
             awaiting = len(self.arrived) < self.n and self.stop_reason is None
-            skip = () if awaiting else (RENDEZVOUS,)
+            skip = () if awaiting else (deadlines.RENDEZVOUS,)
             try:
                 try:
                     conn_id, message = next_event(events, timers.wait(time.monotonic(), skip))
@@ -201,12 +193,12 @@ class RunMonitor(RunOutcome):
                     raise
                 interrupted = True
                 _log.warning("interrupted; stopping every rank (Ctrl-C again to cancel at once)")
-                timers.set(STOP, self._stop(SparkTrainError("interrupted"), launch))
-            if STOP in timers and (self.exited >= self.arrived or not self.go_sent):
+                timers.set(deadlines.STOP, self._stop(SparkTrainError("interrupted"), launch))
+            if deadlines.STOP in timers and (self.exited >= self.arrived or not self.go_sent):
                 # Every task has confirmed its ranks are gone, or the tasks were never told to
                 # start any (they wait for "go", or in Spark's rendezvous): end the job now.
-                timers.clear(STOP)
-                timers.set(CANCEL, self._cancel(launch))
+                timers.clear(deadlines.STOP)
+                timers.set(deadlines.CANCEL, self._cancel(launch))
         self.times["end"] = time.monotonic()
         self.lines.finish()
         return self._end(done, launch, interrupted)
@@ -215,28 +207,32 @@ class RunMonitor(RunOutcome):
         """A deadline passed: act on the first that is due. True: stop watching (the launch
         never confirmed its end after a cancel)."""
         now = time.monotonic()
-        if timers.due(CANCEL, now):
+        if timers.due(deadlines.CANCEL, now):
             if running:
                 _log.warning(
                     "tasks did not confirm their end after cancellation; giving up on them"
                 )
             return True
-        if timers.due(STOP, now):
-            timers.clear(STOP, RUN)
-            timers.set(CANCEL, self._cancel(launch))
+        if timers.due(deadlines.STOP, now):
+            timers.clear(deadlines.STOP, deadlines.RUN)
+            timers.set(deadlines.CANCEL, self._cancel(launch))
         elif (
-            self.stop_reason is None and len(self.arrived) < self.n and timers.due(RENDEZVOUS, now)
+            self.stop_reason is None
+            and len(self.arrived) < self.n
+            and timers.due(deadlines.RENDEZVOUS, now)
         ):
-            timers.set(STOP, self._stop(rendezvous_timeout(self.config, self.arrived), launch))
-        elif timers.due(RUN, now):
-            timers.clear(RUN)
+            timers.set(
+                deadlines.STOP, self._stop(rendezvous_timeout(self.config, self.arrived), launch)
+            )
+        elif timers.due(deadlines.RUN, now):
+            timers.clear(deadlines.RUN)
             error = RunTimeoutError(
                 f"the run exceeded timeout={self.config.timeout:g}s "
                 f"({conf_key('timeout')}); every rank was stopped"
             )
-            timers.set(STOP, self._stop(error, launch))
+            timers.set(deadlines.STOP, self._stop(error, launch))
         elif self.stop_reason is None and self.stall.stalled(now):
-            timers.set(STOP, self._stalled(launch))
+            timers.set(deadlines.STOP, self._stalled(launch))
         return False
 
     def _on_message(
@@ -253,11 +249,11 @@ class RunMonitor(RunOutcome):
             if running and self.stop_reason is None:
                 self.stop_asked = True
                 _log.info("cancelled; stopping every rank")
-                timers.set(STOP, self._stop(SparkTrainError("cancelled"), launch))
+                timers.set(deadlines.STOP, self._stop(SparkTrainError("cancelled"), launch))
             return
         stop = self._handle(conn_id, message)
         if stop is not None and self.stop_reason is None:
-            timers.set(STOP, self._stop(stop, launch))
+            timers.set(deadlines.STOP, self._stop(stop, launch))
 
     def _connections(self) -> list[int]:
         """Every task's connection, once (the local supervisor speaks for all its tasks on one)."""
