@@ -75,6 +75,23 @@ class DetachedSession(TaskSession):
         config = self.config
         return go_for(tasks, slots, False, config.launcher, config.node, config.use_gpu)
 
+    def others_ended(self, wait: float) -> bool:
+        """Whether every task of the run got here (its ranks ended, one failed) within
+        ``wait`` seconds: a failed task waits for its peers' ranks to end, so that when its
+        error reaches the client none of them is still running. Spark's ``allGather`` cannot
+        be interrupted, so it runs in a thread that a stage's end releases."""
+        arrived = threading.Event()
+
+        def gather() -> None:
+            try:
+                self.context.allGather("ended")
+            except Exception:  # noqa: BLE001 - a stage that ended releases it with an error
+                return
+            arrived.set()
+
+        threading.Thread(target=gather, name="sparktrain-ranks-ended", daemon=True).start()
+        return arrived.wait(wait)
+
     def exchange(self, values: dict[str, str] | None) -> dict[str, str] | None:
         """Rank 0's task's values, handed to every task through ``allGather``."""
         gathered = self.context.allGather(json.dumps(values))
@@ -116,6 +133,9 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
     failed = [r for r in records if r.get("status") == "failed" and r.get("failure")]
     if failed:
         failure = failed[0]["failure"]
+        # The other tasks' ranks end soon after this one's (their collectives lose a peer):
+        # wait for them, within the time a stop gives ranks, before the job's error goes out.
+        session.others_ended(job.run_config.grace_period + PEER_FAILURE_WAIT)
         if WorkerFailure.from_json(failure).follows_peer_loss:
             # Spark reports the first task error it sees, and this one only followed a peer's
             # loss: give the peer's own failure time to end the stage (which kills this task)

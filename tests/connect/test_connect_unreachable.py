@@ -53,6 +53,19 @@ def test_detached_failure_brings_back_root_cause_and_output(connect, tmp_path):
     assert len(pids) == 2 and alive(pids) == []
 
 
+def test_a_detached_failure_arrives_once_the_other_ranks_ended(connect, tmp_path):
+    """Rank 0 takes 3 s to end after rank 1 failed: the failed task waits for it, so no rank
+    is left running when the client gets the error (the job's error does not wait for the
+    other tasks' kill)."""
+    with pytest.raises(WorkerFailedError) as info:
+        SparkRunner(np=2, spark=connect, client_reachable=False, grace_period=2).run(
+            trainers.slow_to_end_after_a_peer_fails, str(tmp_path), 3.0
+        )
+    assert info.value.root_cause.rank == 1
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and alive(pids) == []
+
+
 def test_detached_timeout_stops_every_rank(connect, tmp_path):
     with pytest.raises(RunTimeoutError, match="timeout=15s"):
         SparkRunner(np=2, spark=connect, client_reachable=False, timeout=15, grace_period=1).run(
