@@ -101,18 +101,22 @@ class DefaultHandler(logging.Handler):
 
 
 def install_default_handler() -> None:
-    """Add the default handler to the ``sparktrain`` logger, once; set INFO if nothing is set.
+    """Add the default handler to the ``sparktrain`` logger, once; set INFO whenever nothing
+    is set (a level of its own, or the root's below WARNING, is kept).
 
     Called by every sparktrain logger before it logs; idempotent and cheap. A default handler
     that was removed comes back on the next message: to silence or redirect, add a handler.
     """
     top = logging.getLogger(ROOT_NAME)
-    if _has_default(top):
+    if _has_default(top) and (
+        top.level != logging.NOTSET or top.getEffectiveLevel() <= logging.INFO
+    ):
         return
     with _INSTALL:
-        if _has_default(top):
-            return
-        top.addHandler(DefaultHandler())
+        if not _has_default(top):
+            top.addHandler(DefaultHandler())
+        # Also when the level was set back to "nothing set" since (e.g. a test's log capture
+        # restoring what it found before the first message): else INFO would go unseen.
         if top.level == logging.NOTSET and top.getEffectiveLevel() > logging.INFO:
             top.setLevel(logging.INFO)
 

@@ -311,6 +311,10 @@ def _at_exit() -> None:
     for sc in contexts:
         if getattr(sc, "_jsc", None) is not None:  # not stopped already
             with contextlib.suppress(Exception):
+                # The program has ended: what Spark's own shutdown races print now (an RPC
+                # still in flight when an executor's connection closes) is nobody's concern.
+                sc.setLogLevel("FATAL")
+            with contextlib.suppress(Exception):
                 sc.stop()
 
 

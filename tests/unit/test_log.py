@@ -208,3 +208,17 @@ def test_basic_config_in_a_fresh_process_prints_once() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == "sparktrain: before\nINFO:sparktrain.x:after\n"
+
+
+def test_info_comes_back_when_the_level_is_set_back_to_nothing(
+    stderr: Callable[[], str], _fresh_sparktrain_logger: logging.Logger
+) -> None:
+    """A log capture that saved 'nothing set' before sparktrain's first message restores it
+    after: the next message sets INFO again, rather than leaving INFO unseen for good."""
+    with unconfigured():
+        get_logger("sparktrain.x").info("first")
+        assert _fresh_sparktrain_logger.level == logging.INFO
+        _fresh_sparktrain_logger.setLevel(logging.NOTSET)  # what the capture restores
+        get_logger("sparktrain.x").info("second")
+        assert _fresh_sparktrain_logger.level == logging.INFO
+    assert stderr() == "sparktrain: first\nsparktrain: second\n"
