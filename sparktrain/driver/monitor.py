@@ -3,7 +3,7 @@ cleanly, and say where each rank that was still running was stopped.
 
 The monitor runs in the caller's thread (so a notebook cell shows the logs and Ctrl-C lands
 here) and waits on one queue fed by the channel and by the launch's completion; it never
-sleeps, and it wakes only to let a Ctrl-C through (see ``SIGNAL_SLICE``).
+sleeps, and it wakes only to let a Ctrl-C through (see ``deadlines.SIGNAL_SLICE``).
 """
 
 from __future__ import annotations
