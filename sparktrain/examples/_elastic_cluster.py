@@ -221,9 +221,7 @@ class Operator:
     def _give_back(self) -> None:
         from sparktrain import private_dir
 
-        jvm = self._sc._jvm
-        no_hosts = getattr(jvm.scala.collection.immutable, "Map$").__getattr__("MODULE$").empty()
-        if not self._sc._jsc.sc().requestTotalExecutors(EXECUTORS, 0, no_hosts):
+        if not request_executors(self._sc, EXECUTORS):
             raise CapacityError(f"Spark refused to run {EXECUTORS} executors again")
         print(f"[demo] the host is back after {self.away:g} s: Spark starts an executor on it")
         self._until(lambda: len(executor_ids(self._sc)) >= EXECUTORS, "the executor to register")
@@ -238,6 +236,13 @@ def executor_ids(sc: Any) -> list[str]:
     """The ids of the executors registered with the driver now."""
     ids = sc._jsc.sc().getExecutorIds()
     return [str(ids.apply(i)) for i in range(ids.size())]
+
+
+def request_executors(sc: Any, count: int) -> bool:
+    """Ask the cluster manager for ``count`` executors in all (it starts the missing ones);
+    False when it refuses."""
+    no_hosts = getattr(sc._jvm.scala.collection.immutable, "Map$").__getattr__("MODULE$").empty()
+    return bool(sc._jsc.sc().requestTotalExecutors(count, 0, no_hosts))
 
 
 def wait_until(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from sparktrain import CapacityError, HorovodRunner, SparkRunner
+from sparktrain.examples import _elastic_cluster
 from tests.conftest import _local_executor_logs, wait_for_executors
 from tests.fixtures import elastic_trainers
 from tests.helpers import wait_for, wait_for_files, wait_gone
@@ -25,15 +26,12 @@ pytestmark = pytest.mark.spark
 
 
 def executor_ids(spark: Any) -> list[str]:
-    ids = spark.sparkContext._jsc.sc().getExecutorIds()
-    return [str(ids.apply(i)) for i in range(ids.size())]
+    return _elastic_cluster.executor_ids(spark.sparkContext)
 
 
 def want_executors(spark: Any, count: int) -> None:
     """Ask the cluster manager for ``count`` executors in all (it starts the missing ones)."""
-    jvm = spark.sparkContext._jvm
-    empty = getattr(jvm.scala.collection.immutable, "Map$").__getattr__("MODULE$").empty()
-    assert spark.sparkContext._jsc.sc().requestTotalExecutors(count, 0, empty)
+    assert _elastic_cluster.request_executors(spark.sparkContext, count)
 
 
 @pytest.fixture
