@@ -110,12 +110,18 @@ class Attempts:
                 self.on_wait(None)  # nothing to wait for: it launches now
             yield 0
             return
-        if self.connect is not None:
+        total: Callable[[], int]
+        if self.connect is not None and self.connect.slots is not None:
             from sparktrain.driver.launch.connect import shared_slots
 
-            application = shared_slots(self.session)
+            # The client cannot count the live slots: the conf's stand for them.
+            application, slots = shared_slots(self.session), self.connect.slots
+            total = lambda: slots  # noqa: E731 - the conf's count, fixed for the run
         else:
-            application = _application(self.session)
+            from sparktrain.driver.capacity import total_slots
+
+            application, sc = _application(self.session), self.session.sparkContext
+            total = lambda: total_slots(sc)  # noqa: E731 - live: executors come and go
         # An elastic run holds the slots of its min: beyond them it takes what is free.
         tasks = self.job.tasks
         if self.config.elastic is not None:
@@ -124,21 +130,13 @@ class Attempts:
             take_turn(
                 application,
                 token,
-                self._total_slots,
+                total,
                 self.config.queue_wait,
                 self._refuse,
                 self.stop,
                 self.on_wait or self._tell_wait,
             )
             yield token
-
-    def _total_slots(self) -> int:
-        """The cluster's task slots: live on a classic session, the conf's under Connect."""
-        if self.connect is not None and self.connect.slots is not None:
-            return self.connect.slots
-        from sparktrain.driver.capacity import total_slots
-
-        return total_slots(self.session.sparkContext)
 
     def _refuse(self, line: Line, waited: bool) -> CapacityError:
         """The error of a run that may not wait (longer) for its turn."""
