@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktrain.config.mpi_args import parse_mpi_args
 from sparktrain.errors import ConfigurationError
@@ -18,6 +18,9 @@ from sparktrain.units import (
     parse_names,
     parse_size,
 )
+
+if TYPE_CHECKING:
+    from sparktrain.config.validators import Validator
 
 CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
@@ -36,7 +39,14 @@ KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
 UNSET_WORDS = ("", "none", "auto")
 
 
-def setting(default: Any, key: str, kind: str, doc: str, unset: str | None = None) -> Any:
+def setting(
+    default: Any,
+    key: str,
+    kind: str,
+    doc: str,
+    unset: str | None = None,
+    check: Validator | None = None,
+) -> Any:
     """A field that the Spark conf and the environment can set, with its default.
 
     Args:
@@ -46,8 +56,10 @@ def setting(default: Any, key: str, kind: str, doc: str, unset: str | None = Non
         doc: what it means, for ``defaults.conf``.
         unset: for a field that may be None, the word ``defaults.conf`` writes for None;
             it, ``none``, ``auto`` or nothing reads as None.
+        check: how every value given is checked and normalised (see
+            :mod:`sparktrain.config.validators`); None takes it as given.
     """
-    metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset}
+    metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset, "check": check}
     return dataclasses.field(default=default, metadata=metadata)
 
 
