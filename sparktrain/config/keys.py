@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparktrain.config.mpi_args import parse_mpi_args
 from sparktrain.errors import ConfigurationError
@@ -18,9 +18,6 @@ from sparktrain.units import (
     parse_names,
     parse_size,
 )
-
-if TYPE_CHECKING:
-    from sparktrain.config.validators import Validator
 
 CONF_PREFIX = "spark.sparktrain."
 ENV_PREFIX = "SPARKTRAIN_"
@@ -45,7 +42,7 @@ def setting(
     kind: str,
     doc: str,
     unset: str | None = None,
-    check: Validator | None = None,
+    check: Callable[[Any, Any], Any] | None = None,
 ) -> Any:
     """A field that the Spark conf and the environment can set, with its default.
 
@@ -56,8 +53,9 @@ def setting(
         doc: what it means, for ``defaults.conf``.
         unset: for a field that may be None, the word ``defaults.conf`` writes for None;
             it, ``none``, ``auto`` or nothing reads as None.
-        check: how every value given is checked and normalised (see
-            :mod:`sparktrain.config.validators`); None takes it as given.
+        check: how every value given is checked and normalised: a validator of
+            :mod:`sparktrain.config.validators` (which imports this module); None takes the
+            value as given.
     """
     metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset, "check": check}
     return dataclasses.field(default=default, metadata=metadata)
