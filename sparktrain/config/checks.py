@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from sparktrain.config.keys import conf_key_of
+from sparktrain.config.keys import CONF_PREFIX, conf_key_of
 from sparktrain.config.validators import Arg
 from sparktrain.contract import PLACE_VARIABLES
 from sparktrain.errors import ConfigurationError
@@ -20,6 +20,7 @@ STALL_ACTIONS = ("warn", "fail")
 HOROVOD_IMPLS = ("horovod", "builtin")
 # What a node is, for LOCAL_RANK and the like (see sparktrain.layout.cluster.node_rule).
 NODE_RULES = ("auto", "host", "task")
+# What the rules mean, as node's refusal says it.
 NODE_WHY = (
     "task makes every Spark task a node of its own, as TorchDistributor does; host makes "
     "every host one"
@@ -29,6 +30,7 @@ QUEUE_WAIT = (
     "a number of seconds (0: refuse at once), a duration such as '90s' or '1h', or 'none' "
     "(wait as long as it takes)"
 )
+# How to write nics, as its refusal says it.
 NICS_HINT = "give interface names such as 'eth0' or ['ib0', 'eth0']"
 # Why launcher="mpi" cannot run where every Spark task is a node.
 MPI_TASK_NODES = (
@@ -60,8 +62,9 @@ def check(config: Any) -> None:
     for field in dataclasses.fields(config):
         validate = field.metadata.get("check")
         if validate is not None:
-            key = conf_key_of(type(config), field.name) if "key" in field.metadata else None
-            values[field.name] = validate(values[field.name], Arg(field.name, key))
+            key = field.metadata.get("key")  # none for np and env: no Spark conf sets them
+            arg = Arg(field.name, None if key is None else CONF_PREFIX + key)
+            values[field.name] = validate(values[field.name], arg)
     conf_key = functools.partial(conf_key_of, type(config))
     for rule in RULES:
         rule(values, conf_key)
