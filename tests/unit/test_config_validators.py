@@ -204,7 +204,7 @@ def test_parsed_refuses_with_the_readers_words_the_hint_and_the_example() -> Non
         "(argument wait=, or spark.sparktrain.wait eth0)"
     )
     assert refusal(parsed(parse_mpi_args), "'open") == (
-        f"wait: cannot split \"'open\" into arguments: No closing quotation{WHERE}"
+        f'wait: cannot split "\'open" into arguments: No closing quotation{WHERE}'
     )
 
 
