@@ -171,6 +171,7 @@ class RunConfig:
         "fork each rank from a process of its task's Python worker that already imported "
         "torch and sparktrain (kept while that worker lives, at most 10 minutes unused); "
         "false starts every rank in a new interpreter.",
+        check=boolean(),
     )
     max_payload_bytes: int = setting(
         256 << 20,

@@ -261,6 +261,46 @@ def test_launcher_must_be_a_string_or_none() -> None:
         RunConfig(np=1, launcher=5)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", ["false", "true", "", 0, 1])
+def test_warm_start_refuses_what_is_not_a_bool(value: Any) -> None:
+    """A string such as "false" would be truthy: it is refused, not taken as warm start on."""
+    with pytest.raises(ConfigurationError) as info:
+        SparkRunner(np=2, warm_start=value)
+    assert str(info.value) == (
+        f"warm_start must be True or False; got {value!r} "
+        "(argument warm_start=, or spark.sparktrain.warmStart)"
+    )
+
+
+def test_warm_start_refuses_none_where_no_default_fills_it_in() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=2, warm_start=None)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "warm_start must be True or False; got None "
+        "(argument warm_start=, or spark.sparktrain.warmStart)"
+    )
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_warm_start_keeps_a_bool_given_as_argument(value: bool) -> None:
+    assert SparkRunner(np=2, warm_start=value).config.warm_start is value
+    assert RunConfig(np=2, warm_start=value).warm_start is value
+
+
+@pytest.mark.parametrize(("text", "value"), [("false", False), (" FALSE ", False), ("true", True)])
+def test_warm_start_reads_the_text_of_the_spark_conf_and_the_environment(
+    text: str, value: bool
+) -> None:
+    conf = {"spark.sparktrain.warmStart": text}
+    assert RunConfig.resolve(2, {}, spark_conf=conf, environ={}).warm_start is value
+    environ = {"SPARKTRAIN_WARM_START": text}
+    assert RunConfig.resolve(2, {}, environ=environ).warm_start is value
+
+
+def test_warm_start_is_on_unless_set() -> None:
+    assert RunConfig(np=2).warm_start is True
+
+
 # --- env ---------------------------------------------------------------------------------------
 
 
