@@ -81,7 +81,7 @@ class RunConfig:
         "str",
         "all streams every rank's output to the driver; log_callback_only only log_to_driver() "
         "messages (and failed ranks' output, in the error).",
-        check=choice(VERBOSITIES, bare=True),
+        check=choice(VERBOSITIES),
     )
     start_timeout: float = setting(
         120.0,
@@ -151,7 +151,7 @@ class RunConfig:
         "false hides GPUs from the ranks; auto gives each rank the GPU assigned to it, if any; "
         "true also refuses to run ranks on the driver without one GPU each.",
         unset="auto",
-        check=boolean(allow_none=True, bare=True),
+        check=boolean(allow_none=True),
     )
     node: str = setting(
         "auto",
@@ -178,14 +178,14 @@ class RunConfig:
         "maxPayloadBytes",
         "size",
         "largest pickled function and arguments.",
-        check=size(bare=True),
+        check=size(),
     )
     max_result_bytes: int = setting(
         256 << 20,
         "maxResultBytes",
         "size",
         "largest pickled result of rank 0 (of every rank's together, for run_all).",
-        check=size(bare=True),
+        check=size(),
     )
     kept_results_ttl: float | None = setting(
         3 * 86400.0,
@@ -219,14 +219,14 @@ class RunConfig:
         "maxRestarts",
         "int",
         "whole-run launches after a rank is lost (killed, executor lost, rendezvous timeout).",
-        check=at_least(0, bare=True),
+        check=at_least(0),
     )
     restart_on_user_error: bool = setting(
         False,
         "restartOnUserError",
         "bool",
         "also restart (up to maxRestarts) after an exception raised by the function.",
-        check=boolean(bare=True),
+        check=boolean(),
     )
     launcher: str | None = setting(
         None,
@@ -234,7 +234,7 @@ class RunConfig:
         "str",
         "who starts the ranks of backend horovod: gloo (sparktrain does; auto) or mpi (mpirun).",
         unset="auto",
-        check=string(allow_none=True, bare=True),
+        check=string(allow_none=True),
     )
     extra_mpi_args: tuple[str, ...] | None = setting(
         None,
@@ -262,7 +262,7 @@ class RunConfig:
         "run on a cluster with spark.ssl.enabled=true, although what the ranks send each other "
         "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the Security page "
         "of the documentation (docs/security.md).",
-        check=boolean(bare=True),
+        check=boolean(),
     )
     horovod_impl: str | None = setting(
         None,

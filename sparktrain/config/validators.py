@@ -40,33 +40,25 @@ class Arg:
 Validator = Callable[[Any, Arg], Any]
 
 
-def _refuse(arg: Arg, bare: bool, text: str) -> ConfigurationError:
-    """The refusal ``text`` followed by where to change it, unless ``bare``."""
-    return ConfigurationError(text + _where(arg, bare))
+def _refuse(arg: Arg, text: str) -> ConfigurationError:
+    """The refusal ``text`` followed by where to change it."""
+    return ConfigurationError(text + arg.where())
 
 
-def _where(arg: Arg, bare: bool) -> str:
-    """Where to change ``arg``, for the end of a refusal; empty when ``bare``."""
-    return "" if bare else arg.where()
-
-
-def choice(
-    values: Sequence[str], *, unset: str | None = None, why: str = "", bare: bool = False
-) -> Validator:
+def choice(values: Sequence[str], *, unset: str | None = None, why: str = "") -> Validator:
     """One of ``values``.
 
     Args:
         values: the names allowed.
         unset: the word for None where None is allowed too (``"auto"``); None refuses None.
         why: what the names mean, after the refusal.
-        bare: leave the argument and conf key out of the refusal.
     """
     listed = ", ".join(values) + (f" or {unset}" if unset is not None else "")
 
     def check(value: Any, arg: Arg) -> Any:
         if value in values or (value is None and unset is not None):
             return value
-        text = f"{arg.name} must be one of {listed}; got {value!r}{_where(arg, bare)}"
+        text = f"{arg.name} must be one of {listed}; got {value!r}{arg.where()}"
         raise ConfigurationError(f"{text}: {why}" if why else text)
 
     return check
@@ -94,70 +86,63 @@ def duration(*, unset: str | None = None, zero: bool = False, what: str = SECOND
             or value < 0
             or (value == 0 and not zero)
         ):
-            raise _refuse(arg, False, f"{arg.name} must be {what}; got {value!r}")
+            raise _refuse(arg, f"{arg.name} must be {what}; got {value!r}")
         return value
 
     return check
 
 
-def size(*, bare: bool = False) -> Validator:
-    """A number of bytes above 0, or text such as ``"256m"`` (read as bytes).
-
-    Args:
-        bare: leave the argument and conf key out of the refusal.
-    """
+def size() -> Validator:
+    """A number of bytes above 0, or text such as ``"256m"`` (read as bytes)."""
 
     def check(value: Any, arg: Arg) -> Any:
         value = text_as(parse_size, value)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise _refuse(arg, bare, f"{arg.name} must be a positive int; got {value!r}")
+            raise _refuse(arg, f"{arg.name} must be a positive int; got {value!r}")
         return value
 
     return check
 
 
-def at_least(minimum: int, *, bare: bool = False) -> Validator:
+def at_least(minimum: int) -> Validator:
     """An int (not a bool) of at least ``minimum``.
 
     Args:
         minimum: the least value allowed.
-        bare: leave the argument and conf key out of the refusal.
     """
 
     def check(value: Any, arg: Arg) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise _refuse(arg, bare, f"{arg.name} must be an integer >= {minimum}; got {value!r}")
+            raise _refuse(arg, f"{arg.name} must be an integer >= {minimum}; got {value!r}")
         return value
 
     return check
 
 
-def boolean(*, allow_none: bool = False, bare: bool = False) -> Validator:
+def boolean(*, allow_none: bool = False) -> Validator:
     """True or False (or None, with ``allow_none``: where None means "auto").
 
     Args:
         allow_none: allow None too; values equal to True or False (1, 0) then pass as well.
-        bare: leave the argument and conf key out of the refusal.
     """
 
     def check(value: Any, arg: Arg) -> Any:
         if allow_none:
             if value not in (None, True, False):
-                raise _refuse(arg, bare, f"{arg.name} must be True, False or None; got {value!r}")
+                raise _refuse(arg, f"{arg.name} must be True, False or None; got {value!r}")
         elif not isinstance(value, bool):
-            raise _refuse(arg, bare, f"{arg.name} must be True or False; got {value!r}")
+            raise _refuse(arg, f"{arg.name} must be True or False; got {value!r}")
         return value
 
     return check
 
 
-def string(*, allow_none: bool = False, non_empty: bool = False, bare: bool = False) -> Validator:
+def string(*, allow_none: bool = False, non_empty: bool = False) -> Validator:
     """A str, taken as it is.
 
     Args:
         allow_none: allow None too.
         non_empty: refuse a str that is empty or only spaces.
-        bare: leave the argument and conf key out of the refusal.
     """
     what = ("a non-empty string" if non_empty else "a string") + (" or None" if allow_none else "")
 
@@ -165,7 +150,7 @@ def string(*, allow_none: bool = False, non_empty: bool = False, bare: bool = Fa
         if value is None and allow_none:
             return value
         if not isinstance(value, str) or (non_empty and not value.strip()):
-            raise _refuse(arg, bare, f"{arg.name} must be {what}; got {value!r}")
+            raise _refuse(arg, f"{arg.name} must be {what}; got {value!r}")
         return value
 
     return check

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sparktrain.config import RunConfig
+from sparktrain.config import RunConfig, conf_key
 from sparktrain.config.checks import environment, world_size
 from sparktrain.config.mpi_args import parse_mpi_args
 from sparktrain.config.validators import (
@@ -67,11 +67,10 @@ def test_choice_without_unset_refuses_none() -> None:
     assert refusal(choice(("a",)), None) == f"wait must be one of a; got None{WHERE}"
 
 
-def test_choice_says_why_after_where_and_bare_leaves_where_out() -> None:
+def test_choice_says_why_after_where() -> None:
     assert refusal(choice(("a",), why="a is all"), "b") == (
         f"wait must be one of a; got 'b'{WHERE}: a is all"
     )
-    assert refusal(choice(("a",), bare=True), "b") == "wait must be one of a; got 'b'"
 
 
 # --- duration ---------------------------------------------------------------------------------
@@ -133,7 +132,6 @@ def test_size_keeps_bytes_and_reads_text(given: Any, kept: int) -> None:
 )
 def test_size_refuses_what_is_not_a_positive_int(given: Any, shown: str) -> None:
     assert refusal(size(), given) == f"wait must be a positive int; got {shown}{WHERE}"
-    assert refusal(size(bare=True), given) == f"wait must be a positive int; got {shown}"
 
 
 def test_at_least_keeps_the_minimum_and_above() -> None:
@@ -143,7 +141,6 @@ def test_at_least_keeps_the_minimum_and_above() -> None:
 @pytest.mark.parametrize("given, shown", [(-1, "-1"), (True, "True"), (1.0, "1.0"), ("2", "'2'")])
 def test_at_least_refuses_below_and_non_ints(given: Any, shown: str) -> None:
     assert refusal(at_least(0), given) == f"wait must be an integer >= 0; got {shown}{WHERE}"
-    assert refusal(at_least(0, bare=True), given) == f"wait must be an integer >= 0; got {shown}"
 
 
 # --- boolean, string --------------------------------------------------------------------------
@@ -153,7 +150,7 @@ def test_boolean_keeps_true_and_false_and_refuses_the_rest() -> None:
     assert [boolean()(b, ARG) for b in (True, False)] == [True, False]
     assert refusal(boolean(), "false") == f"wait must be True or False; got 'false'{WHERE}"
     assert refusal(boolean(), None) == f"wait must be True or False; got None{WHERE}"
-    assert refusal(boolean(bare=True), 1) == "wait must be True or False; got 1"
+    assert refusal(boolean(), 1) == f"wait must be True or False; got 1{WHERE}"
 
 
 def test_boolean_allowing_none_keeps_none_and_refuses_text() -> None:
@@ -235,6 +232,24 @@ def test_every_setting_declares_its_check() -> None:
         if f.name != "elastic" and f.metadata.get("check") is None
     ]
     assert "warm_start" in names and unchecked == []
+
+
+class _Odd:
+    """A value no setting takes."""
+
+    def __repr__(self) -> str:
+        return "<odd>"
+
+
+@pytest.mark.parametrize(
+    "name", [f.name for f in dataclasses.fields(RunConfig) if "key" in f.metadata]
+)
+def test_every_refusal_names_the_argument_and_its_spark_conf_key(name: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=2, **{name: _Odd()})
+    message = str(info.value)
+    # nics' example value follows its key: "(argument nics=, or spark.sparktrain.nics eth0,ib0)"
+    assert message.startswith(name) and f" (argument {name}=, or {conf_key(name)}" in message
 
 
 def test_a_declared_check_is_what_runconfig_applies() -> None:
