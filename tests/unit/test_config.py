@@ -258,7 +258,8 @@ def test_bad_sizes(field: str, key: str, value: Any, shown: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, **{field: value})
     assert str(info.value) == (
-        f"{field} must be a positive int; got {shown} (argument {field}=, or spark.sparktrain.{key})"
+        f"{field} must be a positive int; got {shown} "
+        f"(argument {field}=, or spark.sparktrain.{key})"
     )
 
 
@@ -295,7 +296,8 @@ def test_launcher_must_be_a_string_or_none() -> None:
     with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, launcher=5)  # type: ignore[arg-type]
     assert str(info.value) == (
-        "launcher must be a string or None; got 5 (argument launcher=, or spark.sparktrain.launcher)"
+        "launcher must be a string or None; got 5 "
+        "(argument launcher=, or spark.sparktrain.launcher)"
     )
 
 
@@ -839,5 +841,6 @@ def test_ignore_ssl_is_a_bool_setting() -> None:
     with pytest.raises(ConfigurationError) as info:
         RunConfig(np=2, ignore_ssl="yes")  # type: ignore[arg-type]
     assert str(info.value) == (
-        "ignore_ssl must be True or False; got 'yes' (argument ignore_ssl=, or spark.sparktrain.ignoreSsl)"
+        "ignore_ssl must be True or False; got 'yes' "
+        "(argument ignore_ssl=, or spark.sparktrain.ignoreSsl)"
     )
