@@ -5,8 +5,10 @@ The built-in defaults are the field defaults of :class:`RunConfig` and nowhere e
 written from them by :func:`render_defaults_conf`; a unit test fails when the two differ.
 
 The package's modules: ``keys`` (how a setting is declared, named and read as text),
-``settings`` (:class:`RunConfig`: the declarations and how they are resolved), ``checks``
-(the validation every RunConfig passes) and ``defaults_file``.
+``settings`` (:class:`RunConfig`: the declarations and how they are resolved),
+``validators`` (the checks a setting declares with its field), ``checks`` (the validation
+every RunConfig passes: each field's check, then the rules that join fields) and
+``defaults_file``.
 """
 
 from sparktrain.config.checks import (

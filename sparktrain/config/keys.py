@@ -36,7 +36,14 @@ KINDS: dict[str, tuple[Callable[[str], Any], Callable[[Any], str]]] = {
 UNSET_WORDS = ("", "none", "auto")
 
 
-def setting(default: Any, key: str, kind: str, doc: str, unset: str | None = None) -> Any:
+def setting(
+    default: Any,
+    key: str,
+    kind: str,
+    doc: str,
+    unset: str | None = None,
+    check: Callable[[Any, Any], Any] | None = None,
+) -> Any:
     """A field that the Spark conf and the environment can set, with its default.
 
     Args:
@@ -46,8 +53,11 @@ def setting(default: Any, key: str, kind: str, doc: str, unset: str | None = Non
         doc: what it means, for ``defaults.conf``.
         unset: for a field that may be None, the word ``defaults.conf`` writes for None;
             it, ``none``, ``auto`` or nothing reads as None.
+        check: how every value given is checked and normalised: a validator of
+            :mod:`sparktrain.config.validators` (which imports this module); None takes the
+            value as given.
     """
-    metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset}
+    metadata = {"key": key, "kind": kind, "doc": doc, "unset": unset, "check": check}
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -9,7 +9,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain.config.checks import check
+from sparktrain.config.checks import (
+    HOROVOD_IMPLS,
+    NICS_HINT,
+    NODE_RULES,
+    NODE_WHY,
+    QUEUE_WAIT,
+    STALL_ACTIONS,
+    VERBOSITIES,
+    check,
+    environment,
+    world_size,
+)
 from sparktrain.config.keys import (
     CONF_PREFIX,
     conf_key_of,
@@ -19,7 +30,19 @@ from sparktrain.config.keys import (
     setting,
     settings_of,
 )
+from sparktrain.config.mpi_args import parse_mpi_args
+from sparktrain.config.validators import (
+    SECONDS,
+    at_least,
+    boolean,
+    choice,
+    duration,
+    parsed,
+    size,
+    string,
+)
 from sparktrain.errors import ConfigurationError
+from sparktrain.units import parse_names
 
 
 def conf_key(field: str) -> str:
@@ -44,9 +67,13 @@ class RunConfig:
     constructor alone validates what it is given.
     """
 
-    np: int
+    np: int = dataclasses.field(metadata={"check": world_size})
     backend: str = setting(
-        "torch", "backend", "str", "how the ranks find each other: torch or horovod."
+        "torch",
+        "backend",
+        "str",
+        "how the ranks find each other: torch or horovod.",
+        check=string(),
     )
     driver_log_verbosity: str = setting(
         "all",
@@ -54,12 +81,22 @@ class RunConfig:
         "str",
         "all streams every rank's output to the driver; log_callback_only only log_to_driver() "
         "messages (and failed ranks' output, in the error).",
+        check=choice(VERBOSITIES),
     )
     start_timeout: float = setting(
-        120.0, "startTimeout", "duration", "how long every rank has to reach the rendezvous."
+        120.0,
+        "startTimeout",
+        "duration",
+        "how long every rank has to reach the rendezvous.",
+        check=duration(),
     )
     timeout: float | None = setting(
-        None, "timeout", "duration", "how long the whole run may take.", unset="none"
+        None,
+        "timeout",
+        "duration",
+        "how long the whole run may take.",
+        unset="none",
+        check=duration(unset="none"),
     )
     stall_timeout: float | None = setting(
         600.0,
@@ -68,6 +105,7 @@ class RunConfig:
         "when no rank has printed or reported anything for this long, the run is stalled: "
         "every rank's stack is shown (off: never).",
         unset="off",
+        check=duration(unset="off", what=SECONDS + " or 'off'"),
     )
     stall_action: str = setting(
         "warn",
@@ -76,6 +114,7 @@ class RunConfig:
         "what a stall does besides showing the stacks: warn (nothing more; shown again after "
         "the next silence) or fail (stop the run with RunStalledError, which maxRestarts "
         "restarts).",
+        check=choice(STALL_ACTIONS),
     )
     capacity_wait: float = setting(
         60.0,
@@ -83,6 +122,7 @@ class RunConfig:
         "duration",
         "how long a freshly started session may take to register executors before a run is "
         "refused for lack of task slots.",
+        check=duration(),
     )
     queue_wait: float | None = setting(
         None,
@@ -92,11 +132,18 @@ class RunConfig:
         "slots it needs (runs start in the order they were submitted); 0 refuses it at once "
         "with CapacityError; none waits as long as the runs ahead of it take.",
         unset="none",
+        check=duration(unset="none", zero=True, what=QUEUE_WAIT),
     )
     grace_period: float = setting(
-        10.0, "gracePeriod", "duration", "time between SIGTERM and SIGKILL when ranks are stopped."
+        10.0,
+        "gracePeriod",
+        "duration",
+        "time between SIGTERM and SIGKILL when ranks are stopped.",
+        check=duration(),
     )
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env: Mapping[str, str] = dataclasses.field(
+        default_factory=dict, metadata={"check": environment}
+    )
     use_gpu: bool | None = setting(
         None,
         "useGpu",
@@ -104,6 +151,7 @@ class RunConfig:
         "false hides GPUs from the ranks; auto gives each rank the GPU assigned to it, if any; "
         "true also refuses to run ranks on the driver without one GPU each.",
         unset="auto",
+        check=boolean(allow_none=True),
     )
     node: str = setting(
         "auto",
@@ -114,6 +162,7 @@ class RunConfig:
         "a node of its own, as under TorchDistributor) or auto (host, except where tasks on one "
         "host each number their GPUs from 0, as containers do: task). Device "
         "cuda:{LOCAL_RANK} is the rank's own GPU whichever it is.",
+        check=choice(NODE_RULES, why=NODE_WHY),
     )
     warm_start: bool = setting(
         True,
@@ -122,15 +171,21 @@ class RunConfig:
         "fork each rank from a process of its task's Python worker that already imported "
         "torch and sparktrain (kept while that worker lives, at most 10 minutes unused); "
         "false starts every rank in a new interpreter.",
+        check=boolean(),
     )
     max_payload_bytes: int = setting(
-        256 << 20, "maxPayloadBytes", "size", "largest pickled function and arguments."
+        256 << 20,
+        "maxPayloadBytes",
+        "size",
+        "largest pickled function and arguments.",
+        check=size(),
     )
     max_result_bytes: int = setting(
         256 << 20,
         "maxResultBytes",
         "size",
         "largest pickled result of rank 0 (of every rank's together, for run_all).",
+        check=size(),
     )
     kept_results_ttl: float | None = setting(
         3 * 86400.0,
@@ -140,6 +195,7 @@ class RunConfig:
         "on that host after this removes it (sparktrain kept clean removes kept results at "
         "once); none keeps them until removed by hand.",
         unset="none",
+        check=duration(unset="none"),
     )
     resize_interval: float = setting(
         60.0,
@@ -147,6 +203,7 @@ class RunConfig:
         "duration",
         "for an elastic run (np=(min, max)) below max, the least time between two looks for "
         "free task slots to grow into; a look is taken when rank 0 saves a checkpoint.",
+        check=duration(),
     )
     elastic_grow: bool = setting(
         True,
@@ -155,18 +212,21 @@ class RunConfig:
         "whether an elastic run (np=(min, max)) below max grows back: after a checkpoint is "
         "saved while more task slots are free, its ranks are stopped and launched again "
         "larger (not counted against maxRestarts); false keeps the size it has.",
+        check=boolean(),
     )
     max_restarts: int = setting(
         0,
         "maxRestarts",
         "int",
         "whole-run launches after a rank is lost (killed, executor lost, rendezvous timeout).",
+        check=at_least(0),
     )
     restart_on_user_error: bool = setting(
         False,
         "restartOnUserError",
         "bool",
         "also restart (up to maxRestarts) after an exception raised by the function.",
+        check=boolean(),
     )
     launcher: str | None = setting(
         None,
@@ -174,6 +234,7 @@ class RunConfig:
         "str",
         "who starts the ranks of backend horovod: gloo (sparktrain does; auto) or mpi (mpirun).",
         unset="auto",
+        check=string(allow_none=True),
     )
     extra_mpi_args: tuple[str, ...] | None = setting(
         None,
@@ -182,6 +243,7 @@ class RunConfig:
         "more arguments for mpirun with launcher mpi, as on a command line (e.g. "
         "-x NCCL_DEBUG=INFO --bind-to none); never run through a shell.",
         unset="none",
+        check=parsed(parse_mpi_args),
     )
     nics: tuple[str, ...] | None = setting(
         None,
@@ -191,6 +253,7 @@ class RunConfig:
         "ib0,eth0); auto probes each host's interfaces and takes one that reaches every other "
         "host, preferring the one that holds the executor's address.",
         unset="auto",
+        check=parsed(parse_names, none_if_empty=True, hint=NICS_HINT, example=" eth0,ib0"),
     )
     ignore_ssl: bool = setting(
         False,
@@ -199,6 +262,7 @@ class RunConfig:
         "run on a cluster with spark.ssl.enabled=true, although what the ranks send each other "
         "(torch.distributed, Gloo, NCCL, Horovod, MPI) is not encrypted; see the Security page "
         "of the documentation (docs/security.md).",
+        check=boolean(),
     )
     horovod_impl: str | None = setting(
         None,
@@ -208,6 +272,7 @@ class RunConfig:
         "Horovod), builtin (sparktrain's own, on torch.distributed; the installed Horovod is "
         "shadowed on the ranks only) or auto (Horovod where it is installed, else builtin).",
         unset="auto",
+        check=choice(HOROVOD_IMPLS, unset="auto"),
     )
 
     client_address: str | None = setting(
@@ -217,6 +282,7 @@ class RunConfig:
         "under Spark Connect, the address executors use to reach this client's channel "
         "(auto: the address this machine uses to reach the Connect server).",
         unset="auto",
+        check=string(allow_none=True, non_empty=True),
     )
     client_reachable: bool | None = setting(
         None,
@@ -226,6 +292,7 @@ class RunConfig:
         "the first run; false sends results and failures back through the Spark job alone "
         "(no live logs or progress; see logDir).",
         unset="auto",
+        check=boolean(allow_none=True),
     )
     log_dir: str | None = setting(
         None,
@@ -235,6 +302,7 @@ class RunConfig:
         "rank also writes its output to <logDir>/<run id>/attempt-<n>/rank-<r>.log; the way to "
         "see logs when executors cannot reach the client.",
         unset="none",
+        check=string(allow_none=True, non_empty=True),
     )
 
     # The sizes an elastic run may take, (min, max): np=(min, max) gives it, np is then the

@@ -137,9 +137,12 @@ def test_config_imports_nothing_of_sparktrain_but_errors_and_leaves() -> None:
 
 @pytest.mark.parametrize("verbosity", ["ALL", "none", "", "log_callback"])
 def test_bad_verbosity(verbosity: str) -> None:
-    with pytest.raises(ConfigurationError, match="driver_log_verbosity must be one of") as info:
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, driver_log_verbosity=verbosity)
-    assert "all" in str(info.value) and "log_callback_only" in str(info.value)
+    assert str(info.value) == (
+        f"driver_log_verbosity must be one of all, log_callback_only; got {verbosity!r} "
+        "(argument driver_log_verbosity=, or spark.sparktrain.driverLogVerbosity)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,8 +178,12 @@ def test_durations_as_text_read_as_spark_settings_are(
 def test_sizes_as_text(text: str, size: int) -> None:
     assert RunConfig(np=1, max_result_bytes=text).max_result_bytes == size
     assert RunConfig(np=1, max_payload_bytes=text).max_payload_bytes == size
-    with pytest.raises(ConfigurationError, match="max_result_bytes must be a positive int"):
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, max_result_bytes="lots")
+    assert str(info.value) == (
+        "max_result_bytes must be a positive int; got 'lots' "
+        "(argument max_result_bytes=, or spark.sparktrain.maxResultBytes)"
+    )
 
 
 def test_timeout_none_as_text_means_no_limit() -> None:
@@ -232,33 +239,106 @@ def test_non_finite_durations_are_refused(value: float) -> None:
         RunConfig(np=1, start_timeout=value)
 
 
-@pytest.mark.parametrize("field", ["max_payload_bytes", "max_result_bytes"])
-@pytest.mark.parametrize("value", [0, -1, 1.5, True, "256 apples", "0k"])
-def test_bad_sizes(field: str, value: Any) -> None:
-    with pytest.raises(ConfigurationError, match=f"{field} must be a positive int"):
+@pytest.mark.parametrize(
+    ("field", "key"),
+    [("max_payload_bytes", "maxPayloadBytes"), ("max_result_bytes", "maxResultBytes")],
+)
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (0, "0"),
+        (-1, "-1"),
+        (1.5, "1.5"),
+        (True, "True"),
+        ("256 apples", "'256 apples'"),
+        ("0k", "0"),
+    ],
+)
+def test_bad_sizes(field: str, key: str, value: Any, shown: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, **{field: value})
+    assert str(info.value) == (
+        f"{field} must be a positive int; got {shown} "
+        f"(argument {field}=, or spark.sparktrain.{key})"
+    )
 
 
 @pytest.mark.parametrize("value", [-1, 1.0, True, "2"])
 def test_bad_max_restarts(value: Any) -> None:
-    with pytest.raises(ConfigurationError, match="max_restarts must be an integer >= 0"):
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, max_restarts=value)
+    assert str(info.value) == (
+        f"max_restarts must be an integer >= 0; got {value!r} "
+        "(argument max_restarts=, or spark.sparktrain.maxRestarts)"
+    )
 
 
 @pytest.mark.parametrize("value", ["true", "auto", 2])
 def test_bad_use_gpu(value: Any) -> None:
-    with pytest.raises(ConfigurationError, match="use_gpu must be True, False or None"):
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, use_gpu=value)
+    assert str(info.value) == (
+        f"use_gpu must be True, False or None; got {value!r} "
+        "(argument use_gpu=, or spark.sparktrain.useGpu)"
+    )
 
 
 def test_restart_on_user_error_must_be_a_bool() -> None:
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, restart_on_user_error="false")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "restart_on_user_error must be True or False; got 'false' "
+        "(argument restart_on_user_error=, or spark.sparktrain.restartOnUserError)"
+    )
 
 
 def test_launcher_must_be_a_string_or_none() -> None:
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=1, launcher=5)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "launcher must be a string or None; got 5 "
+        "(argument launcher=, or spark.sparktrain.launcher)"
+    )
+
+
+@pytest.mark.parametrize("value", ["false", "true", "", 0, 1])
+def test_warm_start_refuses_what_is_not_a_bool(value: Any) -> None:
+    """A string such as "false" would be truthy: it is refused, not taken as warm start on."""
+    with pytest.raises(ConfigurationError) as info:
+        SparkRunner(np=2, warm_start=value)
+    assert str(info.value) == (
+        f"warm_start must be True or False; got {value!r} "
+        "(argument warm_start=, or spark.sparktrain.warmStart)"
+    )
+
+
+def test_warm_start_refuses_none_where_no_default_fills_it_in() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RunConfig(np=2, warm_start=None)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "warm_start must be True or False; got None "
+        "(argument warm_start=, or spark.sparktrain.warmStart)"
+    )
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_warm_start_keeps_a_bool_given_as_argument(value: bool) -> None:
+    assert SparkRunner(np=2, warm_start=value).config.warm_start is value
+    assert RunConfig(np=2, warm_start=value).warm_start is value
+
+
+@pytest.mark.parametrize(("text", "value"), [("false", False), (" FALSE ", False), ("true", True)])
+def test_warm_start_reads_the_text_of_the_spark_conf_and_the_environment(
+    text: str, value: bool
+) -> None:
+    conf = {"spark.sparktrain.warmStart": text}
+    assert RunConfig.resolve(2, {}, spark_conf=conf, environ={}).warm_start is value
+    environ = {"SPARKTRAIN_WARM_START": text}
+    assert RunConfig.resolve(2, {}, environ=environ).warm_start is value
+
+
+def test_warm_start_is_on_unless_set() -> None:
+    assert RunConfig(np=2).warm_start is True
 
 
 # --- env ---------------------------------------------------------------------------------------
@@ -758,5 +838,9 @@ def test_ignore_ssl_is_a_bool_setting() -> None:
     assert RunConfig(np=2).ignore_ssl is False
     assert conf_key("ignore_ssl") == "spark.sparktrain.ignoreSsl"
     assert RunConfig.resolve(2, spark_conf={"spark.sparktrain.ignoreSsl": "true"}).ignore_ssl
-    with pytest.raises(ConfigurationError, match="ignore_ssl must be True or False"):
+    with pytest.raises(ConfigurationError) as info:
         RunConfig(np=2, ignore_ssl="yes")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "ignore_ssl must be True or False; got 'yes' "
+        "(argument ignore_ssl=, or spark.sparktrain.ignoreSsl)"
+    )
