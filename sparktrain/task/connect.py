@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.errors import WorkerFailure
+from sparktrain.errors import WorkerFailure, root_cause_first
 from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_for
 from sparktrain.task.assignment import TaskJob
@@ -130,13 +130,21 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
         records = list(run_spark_task(job, iter(()), session=session))
     finally:
         session.close_logs()
-    failed = [r for r in records if r.get("status") == "failed" and r.get("failure")]
+    failed = [
+        (WorkerFailure.from_json(r["failure"]), r["failure"])
+        for r in records
+        if r.get("status") == "failed" and r.get("failure")
+    ]
     if failed:
-        failure = failed[0]["failure"]
+        # One record travels in the job's error: the task's root cause, as the client would
+        # choose it among them (an MPI launcher's task holds every rank's record, rank 0's
+        # first, and rank 0's collective that lost its peer is no root cause).
+        root = root_cause_first(f for f, _ in failed)[0]
+        failure = next(data for f, data in failed if f is root)
         # The other tasks' ranks end soon after this one's (their collectives lose a peer):
         # wait for them, within the time a stop gives ranks, before the job's error goes out.
         session.others_ended(job.run_config.grace_period + PEER_FAILURE_WAIT)
-        if WorkerFailure.from_json(failure).follows_peer_loss:
+        if root.follows_peer_loss:
             # Spark reports the first task error it sees, and this one only followed a peer's
             # loss: give the peer's own failure time to end the stage (which kills this task)
             # before offering this one instead.
