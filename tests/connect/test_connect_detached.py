@@ -13,7 +13,7 @@ import pytest
 
 from sparktrain import HorovodRunner, SparkRunner, WorkerFailedError
 from sparktrain.backends.horovod_install import _links_mpi, horovod_torch_library
-from tests.fixtures import hvd_trainers, resumable
+from tests.fixtures import hvd_trainers, resumable, trainers
 from tests.helpers import alive, recorded_pids
 
 pytestmark = pytest.mark.spark
@@ -130,3 +130,18 @@ def test_detached_killed_rank_without_restarts_names_the_lost_rank(connect, tmp_
     assert len(runner.attempts) == 1
     assert "starting attempt" not in caplog.text
     assert epoch_log(epochs, 0) == [(0, 0, 0), (0, 1, 2)]  # no second attempt ran
+
+
+# -- a failure beside a task whose rank returned ----------------------------------------------
+
+
+def test_detached_failure_after_a_peer_returned_does_not_wait_out_the_grace_period(
+    connect, tmp_path
+):
+    # Rank 0 returns; rank 1 then raises. Its task's error goes out once rank 0's task has
+    # ended too, not after the grace period (an hour here; else the timeout ends the run).
+    runner = SparkRunner(np=2, spark=connect, client_reachable=False, grace_period=3600, timeout=90)
+    with pytest.raises(WorkerFailedError) as info:
+        runner.run_all(trainers.finishes_as_its_peer_fails, str(tmp_path))
+    assert info.value.root_cause.rank == 1
+    assert "raised ValueError: rank 1 could not find its data" in str(info.value)
