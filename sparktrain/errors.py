@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -254,6 +254,14 @@ def describe_stopped(stopped: Mapping[int, WorkerFailure], tail_lines: int = 10)
     return "\n".join(lines)
 
 
+def root_cause_first(failures: Iterable[WorkerFailure]) -> list[WorkerFailure]:
+    """``failures`` in the order a :class:`WorkerFailedError` shows them, root cause first.
+
+    Earliest first, but a rank that only lost its peer never hides the one that left.
+    """
+    return sorted(failures, key=lambda f: (f.follows_peer_loss, f.time, f.rank))
+
+
 class WorkerFailedError(SparkTrainError):
     """One or more ranks failed; the root cause comes first.
 
@@ -281,10 +289,7 @@ class WorkerFailedError(SparkTrainError):
         self.failures = dict(failures)
         self.context = context
         self.stopped = {r: f for r, f in (stopped or {}).items() if r not in self.failures}
-        # Earliest first, but a rank that only lost its peer never hides the one that left.
-        ordered = sorted(
-            self.failures.values(), key=lambda f: (f.follows_peer_loss, f.time, f.rank)
-        )
+        ordered = root_cause_first(self.failures.values())
         self.root_cause = ordered[0]
         others = ordered[1:]
         lines = [f"{len(ordered)} rank(s) failed{context}. Root cause:", ""]

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.errors import WorkerFailure
+from sparktrain.errors import WorkerFailure, root_cause_first
 from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_for
 from sparktrain.task.assignment import TaskJob
@@ -76,7 +76,7 @@ class DetachedSession(TaskSession):
         return go_for(tasks, slots, False, config.launcher, config.node, config.use_gpu)
 
     def others_ended(self, wait: float) -> bool:
-        """Whether every task of the run got here (its ranks ended, one failed) within
+        """Whether every task of the run got here (its ranks ended, failed or not) within
         ``wait`` seconds: a failed task waits for its peers' ranks to end, so that when its
         error reaches the client none of them is still running. Spark's ``allGather`` cannot
         be interrupted, so it runs in a thread that a stage's end releases."""
@@ -130,13 +130,23 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
         records = list(run_spark_task(job, iter(()), session=session))
     finally:
         session.close_logs()
-    failed = [r for r in records if r.get("status") == "failed" and r.get("failure")]
+    # Every task meets the others here once its ranks have ended: a failed task's error then
+    # goes out only when no rank of the run is still running (within the time a stop gives
+    # ranks). A task with no failure (its ranks returned, or an MPI task that holds no rank)
+    # comes too, or a failed task would wait out that time for nothing.
+    session.others_ended(job.run_config.grace_period + PEER_FAILURE_WAIT)
+    failed = [
+        (WorkerFailure.from_json(r["failure"]), r["failure"])
+        for r in records
+        if r.get("status") == "failed" and r.get("failure")
+    ]
     if failed:
-        failure = failed[0]["failure"]
-        # The other tasks' ranks end soon after this one's (their collectives lose a peer):
-        # wait for them, within the time a stop gives ranks, before the job's error goes out.
-        session.others_ended(job.run_config.grace_period + PEER_FAILURE_WAIT)
-        if WorkerFailure.from_json(failure).follows_peer_loss:
+        # One record travels in the job's error: the task's root cause, as the client would
+        # choose it among them (an MPI launcher's task holds every rank's record, rank 0's
+        # first, and rank 0's collective that lost its peer is no root cause).
+        root = root_cause_first(f for f, _ in failed)[0]
+        failure = next(data for f, data in failed if f is root)
+        if root.follows_peer_loss:
             # Spark reports the first task error it sees, and this one only followed a peer's
             # loss: give the peer's own failure time to end the stage (which kills this task)
             # before offering this one instead.
