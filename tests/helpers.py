@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -19,6 +20,18 @@ def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or condition} did not happen within {timeout}s")
         time.sleep(0.02)
+
+
+def settled_tracker(spark: Any) -> Any:
+    """Spark's status tracker once Spark has told it every event posted so far.
+
+    The tracker learns of a job's end from Spark's listener bus, a queue handled on a thread of
+    its own: a run whose job ended (its ``collect()`` returned) can still be listed as active
+    for a moment on a busy machine. Waiting for the queue to be empty is not waiting for jobs:
+    a job still running is still listed.
+    """
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
+    return spark.sparkContext.statusTracker()
 
 
 def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60.0) -> list[Path]:

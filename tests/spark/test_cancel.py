@@ -26,7 +26,7 @@ from sparktrain import (
 )
 from sparktrain.driver.capacity import busy_slots
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids
+from tests.helpers import alive, recorded_pids, settled_tracker
 
 ROUNDS = 20
 
@@ -86,7 +86,7 @@ def test_stopping_twenty_times_loses_no_executor(spark, tmp_path, phase):
         folder.mkdir()
         phase(folder)
         assert executors(spark) == before, f"an executor was replaced in round {i + 1}"
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert settled_tracker(spark).getActiveJobsIds() == []
 
 
 class _CtrlCWhenWaiting(logging.Handler):

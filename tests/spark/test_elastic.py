@@ -20,7 +20,7 @@ from sparktrain import CapacityError, HorovodRunner, SparkRunner
 from sparktrain.examples import _elastic_cluster
 from tests.conftest import _local_executor_logs, wait_for_executors
 from tests.fixtures import elastic_trainers
-from tests.helpers import wait_for, wait_for_files, wait_gone
+from tests.helpers import settled_tracker, wait_for, wait_for_files, wait_gone
 
 pytestmark = pytest.mark.spark
 
@@ -121,6 +121,6 @@ def test_min_larger_than_what_is_left_fails_after_capacity_wait(spark, take_exec
     assert "np=2 needs 2 task slots at once" in text and "the cluster has 1" in text
     assert handle.last_run.sizes == [2]  # the restart never launched
     wait_gone(pids)  # the surviving rank was stopped, not left behind
-    tracker = spark.sparkContext.statusTracker()
+    tracker = settled_tracker(spark)
     assert tracker.getActiveStageIds() == []
     assert not list(Path(tmp_path / "marks").glob("attempt1.*"))

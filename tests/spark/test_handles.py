@@ -15,7 +15,7 @@ import pytest
 
 from sparktrain import CapacityError, RunHandle, SparkRunner, WorkerFailedError, distributed
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids, wait_for
+from tests.helpers import alive, recorded_pids, settled_tracker, wait_for
 
 
 def _ranks(mode: str, n: int) -> int:
@@ -27,7 +27,7 @@ def _said(handle: RunHandle, text: str, ranks: int) -> bool:
 
 
 def _active_jobs(spark: Any) -> list[int]:
-    return list(spark.sparkContext.statusTracker().getActiveJobsIds())
+    return list(settled_tracker(spark).getActiveJobsIds())
 
 
 def test_cancel_from_another_thread_while_ranks_block_in_a_collective(

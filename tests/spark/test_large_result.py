@@ -9,6 +9,7 @@ import pytest
 
 from sparktrain import SparkRunner
 from tests.fixtures import trainers
+from tests.helpers import settled_tracker
 from tests.spark.test_cancel import executors
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ def test_a_250_mib_result_comes_back_whole_and_no_executor_is_lost(spark) -> Non
     assert len(result) == 250 * MIB
     assert hashlib.sha256(result).hexdigest() != hashlib.sha256(b"\0" * len(result)).hexdigest()
     assert executors(spark) == before
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert settled_tracker(spark).getActiveJobsIds() == []
 
 
 def test_a_result_over_the_limit_is_refused_and_kept_on_its_host(spark, tmp_path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from sparktrain import SparkRunner, WorkerFailedError, load_kept
 from tests.fixtures import trainers
+from tests.helpers import settled_tracker
 
 MIB = 1 << 20
 
@@ -41,7 +42,7 @@ def test_results_over_the_total_are_kept_and_every_file_is_named(spark) -> None:
     finally:
         for path in paths:
             Path(path).unlink(missing_ok=True)
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert settled_tracker(spark).getActiveJobsIds() == []
 
 
 def test_run_all_keeps_a_ranks_own_value_over_the_limit_naming_the_rank(spark) -> None:

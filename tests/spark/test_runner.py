@@ -25,7 +25,7 @@ from sparktrain import (
 from sparktrain import runner as runner_module
 from tests.conftest import ranks
 from tests.fixtures import trainers
-from tests.helpers import alive, interrupt_once_started, recorded_pids
+from tests.helpers import alive, interrupt_once_started, recorded_pids, settled_tracker
 
 
 def test_returns_rank0_value_and_streams_logs(mode, capsys):
@@ -105,7 +105,7 @@ def test_failed_rank_stops_everything(mode, how, expected, tmp_path):
 def test_spark_job_group_is_cancelled_on_failure(spark, tmp_path):
     with pytest.raises(WorkerFailedError):
         SparkRunner(np=2, grace_period=2).run(trainers.fail_on_rank, str(tmp_path), "raise")
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert settled_tracker(spark).getActiveJobsIds() == []
 
 
 def test_rank_that_never_reaches_rendezvous(mode):
