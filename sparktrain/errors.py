@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -254,12 +254,10 @@ def describe_stopped(stopped: Mapping[int, WorkerFailure], tail_lines: int = 10)
     return "\n".join(lines)
 
 
-def root_cause_first(failures: Iterable[WorkerFailure]) -> list[WorkerFailure]:
-    """``failures`` in the order a :class:`WorkerFailedError` shows them, root cause first.
-
-    Earliest first, but a rank that only lost its peer never hides the one that left.
-    """
-    return sorted(failures, key=lambda f: (f.follows_peer_loss, f.time, f.rank))
+def root_cause_order(failure: WorkerFailure) -> tuple[bool, float, int]:
+    """The sort key of the order a :class:`WorkerFailedError` shows failures in, root cause
+    first: earliest first, but a rank that only lost its peer never hides the one that left."""
+    return (failure.follows_peer_loss, failure.time, failure.rank)
 
 
 class WorkerFailedError(SparkTrainError):
@@ -289,7 +287,7 @@ class WorkerFailedError(SparkTrainError):
         self.failures = dict(failures)
         self.context = context
         self.stopped = {r: f for r, f in (stopped or {}).items() if r not in self.failures}
-        ordered = root_cause_first(self.failures.values())
+        ordered = sorted(self.failures.values(), key=root_cause_order)
         self.root_cause = ordered[0]
         others = ordered[1:]
         lines = [f"{len(ordered)} rank(s) failed{context}. Root cause:", ""]

@@ -108,17 +108,20 @@ def install_default_handler() -> None:
     that was removed comes back on the next message: to silence or redirect, add a handler.
     """
     top = logging.getLogger(ROOT_NAME)
-    if _has_default(top) and (
-        top.level != logging.NOTSET or top.getEffectiveLevel() <= logging.INFO
-    ):
+    if _has_default(top) and not _info_unseen(top):
         return
     with _INSTALL:
         if not _has_default(top):
             top.addHandler(DefaultHandler())
         # Also when the level was set back to "nothing set" since (e.g. a test's log capture
         # restoring what it found before the first message): else INFO would go unseen.
-        if top.level == logging.NOTSET and top.getEffectiveLevel() > logging.INFO:
+        if _info_unseen(top):
             top.setLevel(logging.INFO)
+
+
+def _info_unseen(top: logging.Logger) -> bool:
+    """Whether ``top`` has no level of its own and what it inherits hides INFO."""
+    return top.level == logging.NOTSET and top.getEffectiveLevel() > logging.INFO
 
 
 def handled_elsewhere(record: logging.LogRecord) -> bool:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.errors import WorkerFailure, root_cause_first
+from sparktrain.errors import WorkerFailure, root_cause_order
 from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_for
 from sparktrain.task.assignment import TaskJob
@@ -144,8 +144,7 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
         # One record travels in the job's error: the task's root cause, as the client would
         # choose it among them (an MPI launcher's task holds every rank's record, rank 0's
         # first, and rank 0's collective that lost its peer is no root cause).
-        root = root_cause_first(f for f, _ in failed)[0]
-        failure = next(data for f, data in failed if f is root)
+        root, failure = min(failed, key=lambda pair: root_cause_order(pair[0]))
         if root.follows_peer_loss:
             # Spark reports the first task error it sees, and this one only followed a peer's
             # loss: give the peer's own failure time to end the stage (which kills this task)
