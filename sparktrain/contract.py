@@ -76,6 +76,10 @@ BOUND_STORE_ENV = "_SPARKTRAIN_BOUND_STORE"
 # The fd of the Unix socket a zygote serves its owner on, and its idle lifetime in seconds.
 ZYGOTE_FD_ENV = "_SPARKTRAIN_ZYGOTE_FD"
 ZYGOTE_IDLE_ENV = "_SPARKTRAIN_ZYGOTE_IDLE"
+# A zygote shared by an executor's Python workers: the path it listens on once loaded, and
+# the fd of a pidfd of the process it lives no longer than (the executor's Python daemon).
+ZYGOTE_SHARE_ENV = "_SPARKTRAIN_ZYGOTE_SHARE"
+ZYGOTE_ANCHOR_FD_ENV = "_SPARKTRAIN_ZYGOTE_ANCHOR_FD"
 # torchrun's one role: every rank's ROLE_NAME.
 ROLE_NAME = "default"
 # Where a rank is: what torch.distributed's env:// rendezvous and launchers read, with the

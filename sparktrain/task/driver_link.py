@@ -52,6 +52,9 @@ class TaskSession:
         self.client = client
         self.events: queue.Queue[Event] = queue.Queue()
         self.forward_logs = self.config.driver_log_verbosity == "all"
+        # Whether this is a Spark task in an executor's Python worker (not the driver's local
+        # supervisor): its warm zygote then serves the executor's later workers too.
+        self.in_executor = False
         # Every line of every rank, when log_dir is set; a bounded share of them to the driver.
         self.files = RankFiles(log_folder(job))
         self.forwarder = (

@@ -159,6 +159,7 @@ def run_spark_task(
         ProbeListener(job.key, slots[0], addresses) as probes,
     ):
         session.spark_files = spark_files_root()
+        session.in_executor = True
         resources = ctx.resources()
         gpus = tuple(resources["gpu"].addresses) if "gpu" in resources else ()
         uuids = gpu_uuids(gpus)

@@ -176,7 +176,11 @@ class ProcessLauncher(RankLauncher):
             on_line=self.session.log,
             on_exit=self.session.on_exit,
             dumps_stacks=True,
-            zygote=zygote_for(env, cwd) if self.config.warm_start else None,
+            zygote=(
+                zygote_for(env, cwd, shared=self.session.in_executor)
+                if self.config.warm_start
+                else None
+            ),
         )
         proc.spawn_time = asked  # a zygote that had to load first counts in the start
         self.session.started(rank, proc.pid)

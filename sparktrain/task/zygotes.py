@@ -16,8 +16,10 @@ each such call would change the key and start the next run cold. Those variables
 only by their own job's code once it runs, never while Python, torch and sparktrain load, so
 the key leaves them out (:data:`RUNTIME_ONLY`) and a forked rank gets them as they are.
 
-A zygote lives as long as the process that started it (an executor's Python worker, or the
-driver for ``np < 0``) and no longer than ``ZYGOTE_IDLE`` seconds without work. At most
+On the driver (``np < 0``) a zygote lives as long as the process that started it; in an
+executor, as long as the executor's Python daemon, serving each later Python worker of the
+executor (:mod:`sparktrain.task.zygote_share`); either way no longer than ``ZYGOTE_IDLE``
+seconds without work. At most
 :data:`MAX_ZYGOTES` are kept per process; the oldest idle one goes first, and while every
 one kept has ranks running, a rank of yet another environment starts cold.
 """
@@ -31,6 +33,7 @@ import os
 import queue
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -39,7 +42,9 @@ from typing import IO, Any
 
 from sparktrain import contract
 from sparktrain.log import get_logger
-from sparktrain.worker.zygote import MAX_MESSAGE
+from sparktrain.task.zygote_share import Key, share_path
+from sparktrain.worker.zygote import MAX_MESSAGE, socket_name
+from sparktrain.worker.zygote import usable as loaded_usable
 
 _log = get_logger(__name__)
 
@@ -47,8 +52,9 @@ _log = get_logger(__name__)
 ZYGOTE_IDLE = 600.0
 # Zygotes kept per process (one per distinct environment).
 MAX_ZYGOTES = 2
-
-Key = tuple[str, str, tuple[tuple[str, str], ...]]
+# Seconds to wait for a zygote another worker of this executor started to answer (it has
+# loaded, so it answers at once unless the machine is starved).
+JOIN_WAIT = 10.0
 
 # Variables other jobs' tasks leave in a reused Python worker and that only their own code
 # reads, at run time (TorchDistributor's per-call rendezvous id and input files).
@@ -106,22 +112,30 @@ class ForkedRank:
 
 
 class Zygote:
-    """One zygote process and the ranks it forked.
+    """One zygote process and the ranks it forked for this process.
 
     Args:
         env: the environment of the ranks it is for (the late variables are left out).
         cwd: their working directory.
+        share: where it takes other owners once loaded (see :func:`share_path`), with the
+            pidfd of the process it must not outlive; None: it serves this process alone.
     """
 
-    def __init__(self, env: Mapping[str, str], cwd: str) -> None:
+    def __init__(
+        self, env: Mapping[str, str], cwd: str, share: tuple[str, int] | None = None
+    ) -> None:
         self.key = import_key(env, cwd)
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE * 2)
         early = dict(self.key[2])
         early[contract.ZYGOTE_FD_ENV] = str(theirs.fileno())
         early[contract.ZYGOTE_IDLE_ENV] = str(ZYGOTE_IDLE)
+        fds = [theirs.fileno()]
+        if share is not None:
+            early[contract.ZYGOTE_SHARE_ENV] = share[0]
+            early[contract.ZYGOTE_ANCHOR_FD_ENV] = str(share[1])
+            fds.append(share[1])
         try:
-            self.proc = subprocess.Popen(
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [sys.executable, "-m", "sparktrain.worker.zygote"],
                 env=early,
                 cwd=cwd,
@@ -129,14 +143,43 @@ class Zygote:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                pass_fds=(theirs.fileno(),),
+                pass_fds=fds,
             )
         except BaseException:
             self._sock.close()
             raise
         finally:
             theirs.close()
+        self._start()
+
+    @classmethod
+    def join(cls, path: str, key: Key) -> Zygote:
+        """The loaded zygote another process of this executor started, at ``path``.
+
+        Raises:
+            OSError: none answers there, or it is not this user's.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.settimeout(JOIN_WAIT)
+            with socket_name(path) as name:
+                sock.connect(name)
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            if struct.unpack("3i", creds)[1] != os.getuid():
+                raise PermissionError(f"{path} is served by another account")
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        zygote = object.__new__(cls)
+        zygote.key, zygote._sock, zygote.proc = key, sock, None
+        zygote._start()
+        return zygote
+
+    def _start(self) -> None:
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE * 2)
         self.info: dict[str, Any] | None = None
+        self.pid: int | None = self.proc.pid if self.proc is not None else None
         self.gone = False
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -153,6 +196,7 @@ class Zygote:
                 message = json.loads(data)
                 if "ready" in message:
                     self.info = message["ready"]
+                    self.pid = message.get("pid", self.pid)
                     self._ready.set()
                 elif "pid" in message:
                     rank = self._ranks[message["pid"]] = ForkedRank(message["pid"])
@@ -177,6 +221,8 @@ class Zygote:
         self._ranks.clear()
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self.proc is None:
+            return  # another process's child: it reaps it
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -200,9 +246,8 @@ class Zygote:
         """Whether ranks may be forked from it (it has loaded, without CUDA or threads)."""
         if self.gone or self.info is None:
             return False
-        info = self.info
-        if info.get("error") or info.get("cuda_initialized") or info.get("threads", 1) != 1:
-            _log.debug("zygote %d cannot fork ranks: %s", self.proc.pid, info)
+        if not loaded_usable(self.info):
+            _log.debug("zygote %s cannot fork ranks: %s", self.pid, self.info)
             return False
         return True
 
@@ -259,12 +304,38 @@ def _make_room() -> bool:
     return len(_zygotes) < MAX_ZYGOTES
 
 
-def zygote_for(env: Mapping[str, str], cwd: str, wait: float = 0.0) -> Zygote | None:
+def _open(env: Mapping[str, str], cwd: str, key: Key, shared: bool) -> Zygote | None:
+    """This executor's zygote for ``key`` when one answers, else a new one (lock held)."""
+    anchor = os.getppid()
+    path = share_path(key, anchor) if shared and anchor > 1 and hasattr(os, "pidfd_open") else None
+    try:
+        if path is None:
+            return Zygote(env, cwd)
+        with contextlib.suppress(OSError):
+            return Zygote.join(path, key)
+        pidfd = os.pidfd_open(anchor)
+        try:
+            return Zygote(env, cwd, (path, pidfd))
+        finally:
+            os.close(pidfd)
+    except OSError as exc:
+        _log.debug("no zygote: %s", exc)
+        return None
+
+
+def zygote_for(
+    env: Mapping[str, str], cwd: str, wait: float = 0.0, shared: bool = False
+) -> Zygote | None:
     """A loaded zygote for ranks with ``env`` in ``cwd``; one is started if none fits.
 
     A rank does not wait for a zygote to load (unless ``wait`` says how long it may): the
     first run of an environment starts its ranks cold while its zygote loads beside them,
     and the runs after it fork.
+
+    Args:
+        shared: this process is a Spark executor's Python worker: a zygote of the executor
+            (another worker started it) is used where one answers, and one started here
+            serves the executor's later workers too, until the executor ends.
 
     Returns:
         None when no loaded zygote can be had now: start the rank cold.
@@ -279,13 +350,13 @@ def zygote_for(env: Mapping[str, str], cwd: str, wait: float = 0.0) -> Zygote | 
                 del _zygotes[key]
             if not _make_room():
                 return None  # every zygote kept has ranks running: this one starts cold
-            try:
-                zygote = _zygotes[key] = Zygote(env, cwd)
-            except OSError as exc:
-                _log.debug("no zygote: %s", exc)
+            found = _open(env, cwd, key, shared)
+            if found is None:
                 return None
+            zygote = _zygotes[key] = found
         _zygotes.move_to_end(key)
-    if not zygote.loaded(wait):
+    # One another process started has loaded: it answers at once.
+    if not zygote.loaded(wait if zygote.proc is not None else max(wait, JOIN_WAIT)):
         return None  # still loading: it will serve the next run
     if zygote.usable():
         return zygote

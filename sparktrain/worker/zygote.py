@@ -20,27 +20,34 @@ What guarantees that a forked rank behaves like a fresh ``python -m sparktrain.w
 * The server runs a single Python thread and forks from it; no rank is forked from a thread
   that holds a lock.
 
-The server exits when its owner closes the socket (the owner ended, however it ended) or after
-``_SPARKTRAIN_ZYGOTE_IDLE`` seconds without work; the ranks it forked lead their own sessions
-and are bound to their task by their own lifeline, not to the server.
+The server exits after ``_SPARKTRAIN_ZYGOTE_IDLE`` seconds without work, and: when its owner
+closes the socket (the owner ended, however it ended); or, shared by an executor's Python
+workers, when the executor's Python daemon ends (a pidfd says so), taking each later worker
+as an owner on a socket in the user's private folder meanwhile. The ranks it forked lead
+their own sessions and are bound to their task by their own lifeline, not to the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import select
 import signal
 import socket
+import struct
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from sparktrain import contract
 
 # Largest request: a rank's environment as JSON.
 MAX_MESSAGE = 1 << 20
+# A Unix socket's name, in bytes, with its terminating NUL (Linux's sun_path).
+SOCKET_NAME_MAX = 108
 
 
 def send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -117,8 +124,8 @@ def _fresh_state() -> None:
     sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")]
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
-    """Tell the owner how each ended child ended."""
+def _reap(children: dict[int, socket.socket | None]) -> None:
+    """Tell each ended child's owner how it ended (an owner gone hears nothing)."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -127,56 +134,202 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             return
         if pid == 0:
             return
-        children.discard(pid)
+        owner = children.pop(pid, None)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        send(sock, {"exit": pid, "code": code})
+        if owner is not None and owner.fileno() >= 0:
+            try:
+                send(owner, {"exit": pid, "code": code})
+            except OSError:
+                pass  # that owner went away: it no longer waits for the answer
 
 
-def serve(sock: socket.socket, idle: float) -> None:
-    """Fork a rank for each request until the owner goes away or nothing comes for ``idle`` s."""
+def usable(info: dict[str, Any]) -> bool:
+    """Whether ranks may be forked from a zygote that loaded with ``info``."""
+    return not (info.get("error") or info.get("cuda_initialized") or info.get("threads", 1) != 1)
+
+
+@contextlib.contextmanager
+def socket_name(path: str) -> Iterator[str]:
+    """``path`` as a Unix socket's name: itself, or where it is too long for one (a deep
+    ``TMPDIR``), the same file through ``/proc/self/fd`` and a descriptor of its folder."""
+    if len(os.fsencode(path)) < SOCKET_NAME_MAX:
+        yield path
+        return
+    folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{folder}/{os.path.basename(path)}"
+    finally:
+        os.close(folder)
+
+
+class Share:
+    """The socket at a path in the user's private folder where a loaded zygote takes owners.
+
+    Bound under a temporary name and renamed into place, so a path that answers is always a
+    loaded zygote's. Another zygote renamed over it (two workers started one at once): this
+    one then serves its owners and ends with them.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        staging = f"{path}.{os.getpid()}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging)
+            with socket_name(staging) as name:
+                self.sock.bind(name)
+            os.chmod(staging, 0o600)
+            self.sock.listen(16)
+            os.replace(staging, path)
+            self.inode = os.stat(path).st_ino
+        except OSError:
+            self.sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(staging)
+            raise
+
+    def named(self) -> bool:
+        """Whether the path still leads here."""
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def accept(self, hello: dict[str, Any]) -> socket.socket | None:
+        """A new owner (this user's processes only), told ``hello``; None if refused."""
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return None
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            conn.close()
+            return None
+        try:
+            send(conn, hello)
+        except OSError:
+            conn.close()
+            return None
+        return conn
+
+    def close(self) -> None:
+        if self.named():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.sock.close()
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """An owner's next request and the fds that came with it; None when it went away."""
+    fds: list[int] = []
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+        return (json.loads(data), fds) if data else (None, [])
+    except (OSError, ValueError):  # it went away mid-message
+        for fd in fds:
+            os.close(fd)
+        return None, []
+
+
+def serve(
+    owner: socket.socket,
+    idle: float,
+    share: Share | None = None,
+    anchor: int = -1,
+    hello: dict[str, Any] | None = None,
+) -> None:
+    """Fork a rank for each request of each owner, until nothing comes for ``idle`` s.
+
+    Unshared, it also ends when its owner goes away. Shared, it takes new owners on
+    ``share`` and ends when ``anchor`` (a pidfd) says that process ended, or when its last
+    owner went away and the path no longer leads to it.
+    """
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    children: set[int] = set()
+    owners: dict[int, socket.socket] = {owner.fileno(): owner}
+    children: dict[int, socket.socket | None] = {}
     last_work = time.monotonic()
-    while True:
+    while owners or (share is not None and share.named()):
         timeout = None if children else max(0.0, last_work + idle - time.monotonic())
         if timeout == 0.0:
             return
-        ready, _, _ = select.select([sock.fileno(), wake_read], [], [], timeout)
+        waiting = [*owners, wake_read]
+        if share is not None:
+            waiting.append(share.sock.fileno())
+        if anchor >= 0:
+            waiting.append(anchor)
+        ready, _, _ = select.select(waiting, [], [], timeout)
+        if anchor in ready:
+            return  # what it lives no longer than has ended
         if wake_read in ready:
             os.read(wake_read, 512)
-            _reap(sock, children)
+            _reap(children)
             last_work = time.monotonic()
-        if sock.fileno() not in ready:
-            continue
-        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
-        if not data:
-            return  # the owner is gone
-        request = json.loads(data)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request, fds, [sock.fileno(), wake_read, wake_write])
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        last_work = time.monotonic()
-        send(sock, {"pid": pid})
+        if share is not None and share.sock.fileno() in ready:
+            conn = share.accept(hello or {})
+            if conn is not None:
+                owners[conn.fileno()] = conn
+        for fd in ready:
+            conn = owners.get(fd)
+            if conn is None:
+                continue
+            request, fds = _receive(conn)
+            if request is None:
+                del owners[fd]  # this owner is gone; its ranks run on
+                for pid, its in children.items():
+                    if its is conn:
+                        children[pid] = None
+                conn.close()
+                if share is None:
+                    return
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            closing = [*owners, wake_read, wake_write]
+            if share is not None:
+                closing.append(share.sock.fileno())
+            if anchor >= 0:
+                closing.append(anchor)
+            pid = os.fork()
+            if pid == 0:
+                _child(request, fds, closing)
+            for received in fds:
+                os.close(received)
+            children[pid] = conn
+            last_work = time.monotonic()
+            try:
+                send(conn, {"pid": pid})
+            except OSError:
+                children[pid] = None  # the rank runs on; its owner will see this one gone
 
 
 def main() -> NoReturn:
     """Load, say ready (and how it went), then serve."""
     fd = int(os.environ.pop(contract.ZYGOTE_FD_ENV))
     idle = float(os.environ.pop(contract.ZYGOTE_IDLE_ENV, "600"))
+    path = os.environ.pop(contract.ZYGOTE_SHARE_ENV, "")
+    anchor = int(os.environ.pop(contract.ZYGOTE_ANCHOR_FD_ENV, "-1"))
     sock = socket.socket(fileno=fd)
-    send(sock, {"ready": _preload(), "pid": os.getpid()})
+    hello = {"ready": _preload(), "pid": os.getpid()}
+    share = None
+    if path and anchor >= 0 and usable(hello["ready"]):
+        try:
+            share = Share(path)
+        except OSError:
+            pass  # it serves its owner alone
+    hello["ready"]["shared"] = share is not None
+    send(sock, hello)
     try:
-        serve(sock, idle)
+        serve(sock, idle, share, anchor, hello)
     except (OSError, ValueError):
-        pass  # the owner went away mid-message
+        pass  # an owner went away mid-message
+    finally:
+        if share is not None:
+            share.close()
     # Nothing to flush or tear down: leave at once (an interpreter that loaded torch can take
     # seconds to tear down on a busy machine, and its owner is already gone).
     os._exit(0)

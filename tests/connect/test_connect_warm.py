@@ -1,17 +1,22 @@
 """Warm starts from a Spark Connect session: later runs fork their ranks from the zygote, also
-after another job's tasks changed the environment of the Python workers they share."""
+after another job's tasks changed the environment of the Python workers they share, and after
+the Python workers that started the zygotes ended."""
 
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from sparktrain import SparkRunner
 from tests.fixtures import trainers
+from tests.helpers import wait_gone
 
 pytestmark = pytest.mark.spark
 
@@ -50,3 +55,28 @@ def test_later_connect_runs_fork_after_another_jobs_leftovers(connect):
         warm = runner.run(trainers.whoami, tag="after")
         assert _forked(runner), "a run after another job's tasks started cold"
     assert warm["RANK"] == "0" and warm["pid"] != fresh["pid"]
+
+
+def _zygote(pid: int) -> bool:
+    try:
+        return "sparktrain.worker.zygote" in psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_connect_runs_fork_after_the_workers_that_started_the_zygotes_ended(connect):
+    runner = SparkRunner(np=2, spark=connect)
+    for _ in range(6):  # real runs, until the zygotes that load beside them are ready
+        parents = runner.run_all(trainers.parent)
+        if all(_zygote(pid) for pid in parents):
+            break
+    assert all(_zygote(pid) for pid in parents), "no Connect run forked every rank"
+    # End the Python workers that started them, as Spark ends idle workers, or as another
+    # job's task (TorchDistributor's) takes a worker that is not reused after it.
+    workers = {psutil.Process(pid).ppid() for pid in parents} - {0, 1}
+    for worker in workers:
+        assert "python" in psutil.Process(worker).name().lower()
+        os.kill(worker, signal.SIGKILL)
+    wait_gone(sorted(workers), 10.0)
+    assert runner.run_all(trainers.parent) == parents  # forked by the same zygotes
+    assert _forked(runner)
