@@ -83,14 +83,32 @@ def leftovers(prefix: str) -> list[str]:
     return left
 
 
-def sweep(prefix: str) -> None:
-    """Remove what hosts named ``prefix`` left: their processes, namespaces, links, files."""
-    for ns in (n for n in namespaces() if n.startswith(f"{prefix}-")):
-        for pid in netns_pids(ns):
+def kill_namespace(name: str, within: float = 30.0) -> None:
+    """SIGKILL every process in network namespace ``name`` and wait until none is left there.
+
+    A process SIGKILLed has not yet ended: on a busy machine it can take a while to be
+    scheduled and torn down, and until then it still runs in the namespace.
+
+    Raises:
+        RuntimeError: some are still there after ``within`` seconds.
+    """
+    deadline = time.monotonic() + within
+    while pids := netns_pids(name):
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {pids} in {name} survive SIGKILL")
+        time.sleep(0.1)
+
+
+def sweep(prefix: str) -> None:
+    """Remove what hosts named ``prefix`` left: their processes (waiting until they have
+    ended), namespaces, links, files."""
+    for ns in (n for n in namespaces() if n.startswith(f"{prefix}-")):
+        kill_namespace(ns)
         _ip("netns", "del", ns, check=False)
     for link in (n for n in links() if n.startswith(prefix)):
         _ip("link", "del", link, check=False)
@@ -254,16 +272,7 @@ class Hosts:
 
     def kill_host(self, host: Host) -> None:
         """SIGKILL every process on ``host``, as when the machine dies, and wait for them."""
-        deadline = time.monotonic() + 30
-        while pids := netns_pids(host.netns):
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"processes {pids} on {host.name} survive SIGKILL")
-            time.sleep(0.1)
+        kill_namespace(host.netns)
 
     def close(self) -> None:
         """Kill everything on every host, delete the namespaces and the bridge."""
