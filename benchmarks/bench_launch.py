@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(_local_row(name, args.repeats, breakdowns))
     throughput = [] if args.skip_throughput else _throughput_rows(args.repeats)
     if args.connect:
-        rows += _connect_rows(args.repeats)
+        rows += _connect_rows(args.repeats, breakdowns)
 
     header = (
         f"{'function':<18} {'where':<22} {'sparktrain cold':>15} {'sparktrain warm':>15} "
@@ -496,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if PEER_FAILURES:
         print(f"warm TorchDistributor calls retried after failing: {PEER_FAILURES}")
+    _print_connect_ratios(rows)
     _print_breakdowns(breakdowns)
     _print_throughput(throughput)
     print(f"\nload average (1, 5, 15 min) at the end: {os.getloadavg()}")
@@ -512,7 +513,18 @@ def _print_breakdowns(breakdowns: list[tuple[str, list[dict[str, float]]]]) -> N
             print(f"  {key:<22} {value:>7.3f}")
 
 
-def _connect_rows(repeats: int) -> list[Row]:
+def _print_connect_ratios(rows: list[Row]) -> None:
+    """sparktrain's warm call from a Connect session against the same call from a classic one."""
+    classic = {name: ours for name, where, ours, _ in rows if where == "2 executors"}
+    connect = {name: ours for name, where, ours, _ in rows if where == "2 executors, Connect"}
+    for name in (n for n in connect if n in classic):
+        ratio = connect[name].median / classic[name].median
+        print(f"sparktrain warm, Connect / classic, {name}: {ratio:.2f}x")
+
+
+def _connect_rows(
+    repeats: int, breakdowns: list[tuple[str, list[dict[str, float]]]] | None = None
+) -> list[Row]:
     """The two functions from a Spark Connect session, through both runners; each function on
     a fresh Connect server (its own executors), so that its cold call is cold."""
     import tempfile
@@ -535,7 +547,7 @@ def _connect_rows(repeats: int) -> list[Row]:
                 spark.range(2).collect()  # the executors register (no Python runs)
                 ours = SparkRunner(np=2, spark=spark)
                 peer = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-                cells = both_runners(name, "2 executors, Connect", ours, peer, repeats)
+                cells = both_runners(name, "2 executors, Connect", ours, peer, repeats, breakdowns)
                 rows.append((name, "2 executors, Connect", *cells))
     return rows
 
