@@ -309,15 +309,16 @@ def _open(env: Mapping[str, str], cwd: str, key: Key, shared: bool) -> Zygote | 
     anchor = os.getppid()
     path = share_path(key, anchor) if shared and anchor > 1 and hasattr(os, "pidfd_open") else None
     try:
-        if path is None:
-            return Zygote(env, cwd)
-        with contextlib.suppress(OSError):
-            return Zygote.join(path, key)
-        pidfd = os.pidfd_open(anchor)
-        try:
-            return Zygote(env, cwd, (path, pidfd))
-        finally:
-            os.close(pidfd)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                return Zygote.join(path, key)
+            with contextlib.suppress(OSError):  # no pidfds here (an old kernel, a sandbox)
+                pidfd = os.pidfd_open(anchor)
+                try:
+                    return Zygote(env, cwd, (path, pidfd))
+                finally:
+                    os.close(pidfd)
+        return Zygote(env, cwd)  # it serves this process alone
     except OSError as exc:
         _log.debug("no zygote: %s", exc)
         return None

@@ -7,10 +7,12 @@ workers one after another, as pyspark's daemon does; each worker runs one real r
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 
 from sparktrain import private_dir
 from sparktrain.shipping.payload import dump_call
-from sparktrain.task import zygote_share
+from sparktrain.task import zygote_share, zygotes
 from tests.accounts import Account, need_python
 from tests.unit.test_supervise import ROOT, wait_gone
 from tests.unit.test_zygotes import cell
@@ -153,3 +155,26 @@ def test_another_account_cannot_reach_the_zygote(tmp: Path, other: Account, daem
     assert probe.stdout.strip() == "PermissionError", probe
     (zygote,) = daemon.zygotes()
     assert psutil.Process(zygote).is_running()
+
+
+def test_without_pidfds_the_zygote_serves_its_worker_alone(tmp_path, monkeypatch):
+    def no_pidfds(pid: int) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    zygote = zygotes.zygote_for(env, str(workdir), wait=120, shared=True)
+    try:
+        assert zygote is not None and zygote.usable()  # warm starts still work
+        assert zygote.info is not None and zygote.info["shared"] is False
+        folder = tmp_path / f"{private_dir.PREFIX}{os.getuid()}" / zygote_share.SHARE_FOLDER
+        assert list(folder.iterdir()) == []  # nothing another worker could join
+    finally:
+        if zygote is not None:
+            with zygotes._zygotes_lock:
+                zygotes._zygotes.pop(zygote.key, None)
+            zygote.close()
+            assert zygote.proc is not None and zygote.proc.wait(15) == 0
