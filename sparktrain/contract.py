@@ -80,6 +80,8 @@ ZYGOTE_IDLE_ENV = "_SPARKTRAIN_ZYGOTE_IDLE"
 # the fd of a pidfd of the process it lives no longer than (the executor's Python daemon).
 ZYGOTE_SHARE_ENV = "_SPARKTRAIN_ZYGOTE_SHARE"
 ZYGOTE_ANCHOR_FD_ENV = "_SPARKTRAIN_ZYGOTE_ANCHOR_FD"
+# Seconds a shared zygote waits for a new owner once its last one went away.
+ZYGOTE_UNOWNED_ENV = "_SPARKTRAIN_ZYGOTE_UNOWNED"
 # torchrun's one role: every rank's ROLE_NAME.
 ROLE_NAME = "default"
 # Where a rank is: what torch.distributed's env:// rendezvous and launchers read, with the

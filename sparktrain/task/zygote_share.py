@@ -6,8 +6,9 @@ minute, and from a Spark Connect session another job's task (TorchDistributor's,
 take the worker that holds the zygote and end it. So a zygote started in an executor, once
 loaded, also listens on a Unix socket at :func:`share_path`: the executor's next worker whose
 ranks have the same environment joins it instead of starting cold. It ends with the
-executor's Python daemon (the workers' parent, watched through a pidfd), or after its idle
-time.
+executor's Python daemon (the workers' parent, watched through a pidfd), a few minutes after
+its last owner went away when no other came (so the zygotes of environments no longer used do
+not pile up), or after its idle time.
 
 The socket lives in this user's private folder (0700, :mod:`sparktrain.private_dir`), so no
 other account can reach a zygote or plant a false one; both ends also check the other's uid

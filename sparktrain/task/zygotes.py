@@ -43,13 +43,16 @@ from typing import IO, Any
 from sparktrain import contract
 from sparktrain.log import get_logger
 from sparktrain.task.zygote_share import Key, share_path
-from sparktrain.worker.zygote import MAX_MESSAGE, socket_name
+from sparktrain.worker.zygote import MAX_MESSAGE, UNOWNED_IDLE, socket_name
 from sparktrain.worker.zygote import usable as loaded_usable
 
 _log = get_logger(__name__)
 
 # Seconds a zygote waits for work before it exits.
 ZYGOTE_IDLE = 600.0
+# Seconds an executor's zygote waits for a new owner once its last one went away (see
+# sparktrain.worker.zygote.UNOWNED_IDLE).
+ZYGOTE_UNOWNED = UNOWNED_IDLE
 # Zygotes kept per process (one per distinct environment).
 MAX_ZYGOTES = 2
 # Seconds to wait for a zygote another worker of this executor started to answer (it has
@@ -133,6 +136,7 @@ class Zygote:
         if share is not None:
             early[contract.ZYGOTE_SHARE_ENV] = share[0]
             early[contract.ZYGOTE_ANCHOR_FD_ENV] = str(share[1])
+            early[contract.ZYGOTE_UNOWNED_ENV] = str(ZYGOTE_UNOWNED)
             fds.append(share[1])
         try:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(

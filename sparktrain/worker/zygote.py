@@ -46,6 +46,10 @@ from sparktrain import contract
 
 # Largest request: a rank's environment as JSON.
 MAX_MESSAGE = 1 << 20
+# Seconds a shared zygote waits for a new owner once its last owner went away: long enough
+# for the gap between two runs (Spark stops a worker idle for a minute; another job's task may
+# take it), short enough that the zygotes of environments no longer used do not pile up.
+UNOWNED_IDLE = 180.0
 # A Unix socket's name, in bytes, with its terminating NUL (Linux's sun_path).
 SOCKET_NAME_MAX = 108
 
@@ -239,12 +243,14 @@ def serve(
     share: Share | None = None,
     anchor: int = -1,
     hello: dict[str, Any] | None = None,
+    unowned: float = UNOWNED_IDLE,
 ) -> None:
     """Fork a rank for each request of each owner, until nothing comes for ``idle`` s.
 
     Unshared, it also ends when its owner goes away. Shared, it takes new owners on
-    ``share`` and ends when ``anchor`` (a pidfd) says that process ended, or when its last
-    owner went away and the path no longer leads to it.
+    ``share`` and ends when ``anchor`` (a pidfd) says that process ended, when its last
+    owner went away and the path no longer leads to it, or ``unowned`` s after its last
+    owner went away when none came since.
     """
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
@@ -254,7 +260,8 @@ def serve(
     children: dict[int, socket.socket | None] = {}
     last_work = time.monotonic()
     while owners or (share is not None and share.named()):
-        timeout = None if children else max(0.0, last_work + idle - time.monotonic())
+        lasts = idle if owners else min(idle, unowned)
+        timeout = None if children else max(0.0, last_work + lasts - time.monotonic())
         if timeout == 0.0:
             return
         waiting = [*owners, wake_read]
@@ -280,6 +287,7 @@ def serve(
             request, fds = _receive(conn)
             if request is None:
                 del owners[fd]  # this owner is gone; its ranks run on
+                last_work = time.monotonic()
                 for pid, its in children.items():
                     if its is conn:
                         children[pid] = None
@@ -313,6 +321,7 @@ def main() -> NoReturn:
     idle = float(os.environ.pop(contract.ZYGOTE_IDLE_ENV, "600"))
     path = os.environ.pop(contract.ZYGOTE_SHARE_ENV, "")
     anchor = int(os.environ.pop(contract.ZYGOTE_ANCHOR_FD_ENV, "-1"))
+    unowned = float(os.environ.pop(contract.ZYGOTE_UNOWNED_ENV, str(UNOWNED_IDLE)))
     sock = socket.socket(fileno=fd)
     hello = {"ready": _preload(), "pid": os.getpid()}
     share = None
@@ -324,7 +333,7 @@ def main() -> NoReturn:
     hello["ready"]["shared"] = share is not None
     send(sock, hello)
     try:
-        serve(sock, idle, share, anchor, hello)
+        serve(sock, idle, share, anchor, hello, unowned)
     except (OSError, ValueError):
         pass  # an owner went away mid-message
     finally:

@@ -102,6 +102,15 @@ def test_later_workers_fork_from_the_zygote_the_first_started(tmp_path, daemons)
     assert list(daemon.folder.iterdir()) == []
 
 
+def test_a_zygote_no_worker_came_back_to_ends_with_its_name(tmp_path, daemons):
+    daemon = Daemon(tmp_path, 1, "unowned=1")  # its only worker ended; the executor lives on
+    daemons.append(daemon)
+    (zygote,) = daemon.zygotes()
+    assert wait_gone(zygote, 15.0), "a zygote without owners outlived its unowned time"
+    assert list(daemon.folder.iterdir()) == []
+    assert daemon.proc.poll() is None
+
+
 def test_a_zygote_killed_outright_is_replaced_and_its_name_forgotten(tmp_path, daemons):
     first = Daemon(tmp_path, 1)
     daemons.append(first)
