@@ -323,14 +323,15 @@ def main() -> NoReturn:
     anchor = int(os.environ.pop(contract.ZYGOTE_ANCHOR_FD_ENV, "-1"))
     unowned = float(os.environ.pop(contract.ZYGOTE_UNOWNED_ENV, str(UNOWNED_IDLE)))
     sock = socket.socket(fileno=fd)
-    hello = {"ready": _preload(), "pid": os.getpid()}
+    info = _preload()
+    hello: dict[str, Any] = {"ready": info, "pid": os.getpid()}
     share = None
-    if path and anchor >= 0 and usable(hello["ready"]):
+    if path and anchor >= 0 and usable(info):
         try:
             share = Share(path)
         except OSError:
             pass  # it serves its owner alone
-    hello["ready"]["shared"] = share is not None
+    info["shared"] = share is not None
     send(sock, hello)
     try:
         serve(sock, idle, share, anchor, hello, unowned)
