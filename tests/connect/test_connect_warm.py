@@ -78,5 +78,7 @@ def test_connect_runs_fork_after_the_workers_that_started_the_zygotes_ended(conn
         assert "python" in psutil.Process(worker).name().lower()
         os.kill(worker, signal.SIGKILL)
     wait_gone(sorted(workers), 10.0)
-    assert runner.run_all(trainers.parent) == parents  # forked by the same zygotes
+    # Forked by the same zygotes (Spark may place rank 0 on the other executor this time).
+    after = runner.run_all(trainers.parent)
+    assert sorted(after) == sorted(parents), [(pid, _zygote(pid)) for pid in after]
     assert _forked(runner)
