@@ -33,7 +33,6 @@ import os
 import queue
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -43,7 +42,7 @@ from typing import IO, Any
 from sparktrain import contract
 from sparktrain.log import get_logger
 from sparktrain.task.zygote_share import Key, share_path
-from sparktrain.worker.zygote import MAX_MESSAGE, UNOWNED_IDLE, socket_name
+from sparktrain.worker.zygote import MAX_MESSAGE, UNOWNED_IDLE, peer_uid, socket_name
 from sparktrain.worker.zygote import usable as loaded_usable
 
 _log = get_logger(__name__)
@@ -168,8 +167,7 @@ class Zygote:
             sock.settimeout(JOIN_WAIT)
             with socket_name(path) as name:
                 sock.connect(name)
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            if struct.unpack("3i", creds)[1] != os.getuid():
+            if peer_uid(sock) != os.getuid():
                 raise PermissionError(f"{path} is served by another account")
             sock.settimeout(None)
         except BaseException:

@@ -140,7 +140,7 @@ def _reap(children: dict[int, socket.socket | None]) -> None:
             return
         owner = children.pop(pid, None)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        if owner is not None and owner.fileno() >= 0:
+        if owner is not None:
             try:
                 send(owner, {"exit": pid, "code": code})
             except OSError:
@@ -150,6 +150,12 @@ def _reap(children: dict[int, socket.socket | None]) -> None:
 def usable(info: dict[str, Any]) -> bool:
     """Whether ranks may be forked from a zygote that loaded with ``info``."""
     return not (info.get("error") or info.get("cuda_initialized") or info.get("threads", 1) != 1)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
 
 
 @contextlib.contextmanager
@@ -206,9 +212,7 @@ class Share:
             conn, _ = self.sock.accept()
         except OSError:
             return None
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _, uid, _ = struct.unpack("3i", creds)
-        if uid != os.getuid():
+        if peer_uid(conn) != os.getuid():
             conn.close()
             return None
         try:
@@ -259,17 +263,14 @@ def serve(
     owners: dict[int, socket.socket] = {owner.fileno(): owner}
     children: dict[int, socket.socket | None] = {}
     last_work = time.monotonic()
+    # What it waits on beside its owners and the wake-up pipe; none of it goes to a rank.
+    listening = [fd for fd in (share.sock.fileno() if share else -1, anchor) if fd >= 0]
     while owners or (share is not None and share.named()):
         lasts = idle if owners else min(idle, unowned)
         timeout = None if children else max(0.0, last_work + lasts - time.monotonic())
         if timeout == 0.0:
             return
-        waiting = [*owners, wake_read]
-        if share is not None:
-            waiting.append(share.sock.fileno())
-        if anchor >= 0:
-            waiting.append(anchor)
-        ready, _, _ = select.select(waiting, [], [], timeout)
+        ready, _, _ = select.select([*owners, wake_read, *listening], [], [], timeout)
         if anchor in ready:
             return  # what it lives no longer than has ended
         if wake_read in ready:
@@ -297,14 +298,9 @@ def serve(
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
-            closing = [*owners, wake_read, wake_write]
-            if share is not None:
-                closing.append(share.sock.fileno())
-            if anchor >= 0:
-                closing.append(anchor)
             pid = os.fork()
             if pid == 0:
-                _child(request, fds, closing)
+                _child(request, fds, [*owners, wake_read, wake_write, *listening])
             for received in fds:
                 os.close(received)
             children[pid] = conn
