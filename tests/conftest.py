@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import shutil
@@ -19,6 +20,8 @@ from sparktrain.config.conf_file import read_conf_file
 from tests import fixtures
 
 pytest_plugins = ["tests.tier_times"]
+if importlib.util.find_spec("xdist") is not None:
+    pytest_plugins.append("tests.workers")  # how ``-n 2`` shares the suite out (its hooks)
 
 # Executors cannot import the tests package: ship every module of tests/fixtures by value.
 # (Those modules import heavy libraries inside their functions only; stand-alone scripts the

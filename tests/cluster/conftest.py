@@ -18,6 +18,7 @@ from tests.cluster.hosts import claim_early
 from tests.cluster.shared_s3 import SharedS3, shared_s3
 from tests.cluster.standalone import StandaloneCluster, standalone_cluster
 from tests.conftest import spark_test_conf, wait_for_executors
+from tests.workers import claims_cluster_hosts
 
 PREFIX = "stclu"  # namespaces stclu-h1, stclu-h2; bridge stclubr
 NET = 1  # 198.18.1.0/24
@@ -66,7 +67,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     test that first needs the cluster; without it, each test of the tier would spend its whole
     limit waiting and fail.
     """
-    if missing_requirement() is not None:
+    if missing_requirement() is not None or not claims_cluster_hosts():
         return
     if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
