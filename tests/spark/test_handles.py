@@ -129,11 +129,14 @@ def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Pat
         cancelled = submit(runner, trainers.noop)
         fourth = submit(runner, trainers.noop)
         held = "(other runs of this process hold 2 of the cluster's 2)"
-        wait_for(
-            lambda: fourth.status() == f"waiting for 1 task slot {held}, 3rd in line", 120, "a line"
-        )
-        assert third.status() == f"waiting for 2 task slots {held}, 1st in line"
-        assert cancelled.status() == f"waiting for 1 task slot {held}, 2nd in line"
+        # Each run's thread takes its place when it is ready (a later one may be first): the
+        # line is whole once all three say where they are.
+        line = [
+            f"waiting for 2 task slots {held}, 1st in line",
+            f"waiting for 1 task slot {held}, 2nd in line",
+            f"waiting for 1 task slot {held}, 3rd in line",
+        ]
+        wait_for(lambda: [h.status() for h in (third, cancelled, fourth)] == line, 120, "a line")
         assert (
             repr(third)
             == f"<RunHandle 'talk_until' waiting for 2 task slots {held}, 1st in line, 0 lines>"
@@ -151,7 +154,8 @@ def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Pat
         # The third runs once both have ended; the fourth, which would fit beside nothing less,
         # still waits behind it, now first in line.
         wait_for(lambda: _said(third, "line 2", 2), 120, "the third run's ranks")
-        assert fourth.status() == f"waiting for 1 task slot {held}, 1st in line"
+        first_in_line = f"waiting for 1 task slot {held}, 1st in line"
+        wait_for(lambda: fourth.status() == first_in_line, 60, "the fourth run first in line")
         release_third.touch()
         assert third.result(120) == 0 and fourth.result(120) == 0
         assert _active_jobs(spark) == []
