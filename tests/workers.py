@@ -73,9 +73,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     those with slow tests first (so no long module starts last)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    slow_modules = {
-        item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")
-    }
+    slow_units = {unit_of_work(item.nodeid) for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> int:
         unit = unit_of_work(item.nodeid)
@@ -83,6 +81,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             return 0
         if unit == IN_PROCESS_TIERS:
             return 1
-        return 2 if unit in slow_modules else 3
+        return 2 if unit in slow_units else 3
 
     items.sort(key=rank)  # stable: each unit keeps its tests' order
