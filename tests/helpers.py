@@ -64,6 +64,36 @@ def interrupt_once_started(
     return thread
 
 
+def timed_out_while_running(
+    attempt: Callable[[Path, float], Any],
+    tmp_path: Path,
+    timeouts: tuple[float, ...],
+    ranks: int = 2,
+    pattern: str = "*.pid",
+) -> Any:
+    """``attempt(folder, timeout)``, a run expected to time out, with each timeout in turn
+    until one fired after all ``ranks`` ranks had started (each left a file matching
+    ``pattern`` in the folder); that attempt's value is returned.
+
+    A run's timeout counts from the call, and on a busy machine its ranks can take longer than
+    a short timeout to start: an attempt whose timeout fired before every rank ran shows
+    nothing about stopping running ranks, so the next tries a longer one. ``attempt`` itself
+    checks what every attempt, early or not, must leave (no rank running, no folder).
+    """
+    count = 0
+    for number, timeout in enumerate(timeouts):
+        folder = tmp_path / f"attempt{number}"
+        folder.mkdir()
+        value = attempt(folder, timeout)
+        count = len(list(folder.glob(pattern)))
+        if count == ranks:
+            return value
+    raise AssertionError(
+        f"only {count} of {ranks} ranks had started when timeout={timeouts[-1]:g}s fired: "
+        "the machine is too slow to show running ranks being stopped"
+    )
+
+
 def recorded_pids(pid_dir: Path) -> list[int]:
     """The pids the ranks wrote with trainers.record_pid."""
     return [int(p.read_text()) for p in sorted(pid_dir.glob("*.pid"))]

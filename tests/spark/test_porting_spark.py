@@ -18,7 +18,7 @@ import pytest
 from sparktrain import CapacityError, HorovodRunner, RunTimeoutError, SparkRunner, WorkerFailedError
 from tests.conftest import ranks
 from tests.fixtures import porting
-from tests.helpers import wait_for_files
+from tests.helpers import timed_out_while_running, wait_for_files
 from tests.spark.test_horovod_runner import _mpi_available
 
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "porting_train.py"
@@ -76,18 +76,24 @@ def test_files_and_archives_shipped_with_the_application_reach_the_ranks(spark, 
 
 @pytest.mark.parametrize("how", ["raise", "kill", "timeout"])
 def test_no_folder_is_left_after_a_failure_or_a_stop(mode, tmp_path, how):
-    runner = SparkRunner(
-        np=ranks(mode, 2), timeout=10 if how == "timeout" else None, grace_period=2
-    )
-    error = RunTimeoutError if how == "timeout" else WorkerFailedError
-    with pytest.raises(error) as info:
-        runner.run(porting.note_folder_then, str(tmp_path), how)
-    if how == "raise":
-        assert "RuntimeError: rank 1 gives up" in str(info.value)
-    seen = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("folder-*.json"))]
+    def attempt(folder: Path, timeout: float | None) -> list[dict[str, str]]:
+        runner = SparkRunner(np=ranks(mode, 2), timeout=timeout, grace_period=2)
+        error = RunTimeoutError if how == "timeout" else WorkerFailedError
+        with pytest.raises(error) as info:
+            runner.run(porting.note_folder_then, str(folder), how)
+        if how == "raise":
+            assert "RuntimeError: rank 1 gives up" in str(info.value)
+        seen = [json.loads(p.read_text()) for p in sorted(folder.glob("folder-*.json"))]
+        if seen:
+            _gone([s["own_folder"] for s in seen])
+        return seen
+
+    if how == "timeout":  # once both ranks run (see timed_out_while_running)
+        seen = timed_out_while_running(attempt, tmp_path, (10, 25, 60), pattern="folder-*.json")
+    else:
+        seen = attempt(tmp_path, None)
     assert len(seen) == 2
     assert all(Path(s["own_folder"]).parent not in Path(s["cwd"]).parents for s in seen)
-    _gone([s["own_folder"] for s in seen])
 
 
 @pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])

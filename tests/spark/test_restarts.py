@@ -15,7 +15,7 @@ from sparktrain import RunTimeoutError, SparkRunner, WorkerFailedError
 from sparktrain.checkpoint import load_latest
 from tests.conftest import ranks
 from tests.fixtures import resumable
-from tests.helpers import wait_for
+from tests.helpers import timed_out_while_running, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HOROVOD = importlib.util.find_spec("horovod") is not None
@@ -117,24 +117,33 @@ def test_gives_up_after_max_restarts(mode):
 
 def test_should_stop_gives_a_grace_period(mode, tmp_path):
     def saves_when_told(out: str) -> None:
+        import os
         import time
 
         import sparktrain
 
+        with open(f"{out}/{sparktrain.rank()}.started", "w") as fh:
+            fh.write(str(os.getpid()))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if sparktrain.should_stop():
-                with open(f"{out}.{sparktrain.rank()}", "w") as fh:
+                with open(f"{out}/{sparktrain.rank()}.saved", "w") as fh:
                     fh.write("saved")
                 return
             time.sleep(0.05)
 
-    with pytest.raises(RunTimeoutError):
-        SparkRunner(np=ranks(mode, 2), timeout=8, grace_period=5).run(
-            saves_when_told, str(tmp_path / "state")
-        )
-    assert (tmp_path / "state.0").read_text() == "saved"
-    assert (tmp_path / "state.1").read_text() == "saved"
+    def attempt(folder: Path, timeout: float) -> None:
+        with pytest.raises(RunTimeoutError):
+            SparkRunner(np=ranks(mode, 2), timeout=timeout, grace_period=5).run(
+                saves_when_told, str(folder)
+            )
+        # Every rank that had started was told to stop, and saved in its grace period.
+        started = sorted(p.stem for p in folder.glob("*.started"))
+        assert sorted(p.stem for p in folder.glob("*.saved")) == started
+        assert all(p.read_text() == "saved" for p in folder.glob("*.saved"))
+
+    # The timeout must fire once both ranks run (see timed_out_while_running).
+    timed_out_while_running(attempt, tmp_path, (8, 20, 50), pattern="*.started")
 
 
 @pytest.mark.spark
