@@ -14,14 +14,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.hosts import claim_early
+from tests.cluster.hosts import chosen_slot, claim_early
 from tests.cluster.shared_s3 import SharedS3, shared_s3
 from tests.cluster.standalone import StandaloneCluster, standalone_cluster
 from tests.conftest import spark_test_conf, wait_for_executors
 from tests.workers import claims_cluster_hosts
 
-PREFIX = "stclu"  # namespaces stclu-h1, stclu-h2; bridge stclubr
-NET = 1  # 198.18.1.0/24
+# Where the tier's hosts may be made (prefix, /24 in 198.18.0.0/16): namespaces stclu-h1,
+# stclu-h2, bridge stclubr on 198.18.1.0/24, or the next slot's when another test run on the
+# machine holds the first (test_teardown.py's hosts use 198.18.2.0/24).
+SLOTS = (("stclu", 1), ("stclub", 3), ("stcluc", 4))
 HOSTS = 2
 EXECUTORS_PER_HOST = 2
 GPUS_PER_HOST = 2
@@ -61,9 +63,10 @@ def cluster_conf(cluster: StandaloneCluster) -> dict[str, str]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Lock the tier's hosts before the first test, when another run on this machine has them.
+    """Lock a slot for the tier's hosts before the first test: a free one, or, when other runs
+    on this machine hold them all, the first once its run is done with it.
 
-    The wait (up to half an hour, said every 30 s) happens here, outside the time limit of the
+    That wait (up to half an hour, said every 30 s) happens here, outside the time limit of the
     test that first needs the cluster; without it, each test of the tier would spend its whole
     limit waiting and fail.
     """
@@ -72,7 +75,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         say = reporter.write_line if reporter is not None else print
-        claim_early(PREFIX, say=say)
+        claim_early(SLOTS, say=say)
 
 
 @pytest.fixture(scope="package")
@@ -81,8 +84,9 @@ def cluster() -> Iterator[StandaloneCluster]:
     reason = missing_requirement()
     if reason:
         pytest.skip(reason)
+    prefix, net = chosen_slot(SLOTS)
     with standalone_cluster(
-        PREFIX, NET, HOSTS, cores=EXECUTORS_PER_HOST, gpus=GPUS_PER_HOST
+        prefix, net, HOSTS, cores=EXECUTORS_PER_HOST, gpus=GPUS_PER_HOST
     ) as made:
         yield made
 

@@ -24,8 +24,9 @@ namespaces and the bridge, and :func:`leftovers` says whether anything is left.
 
 Names and addresses are the machine's, so one prefix is one cluster at a time: :meth:`Hosts.start`
 takes a lock on the prefix (``/run/lock``) for as long as the hosts live. A second test run on the
-machine waits for the first to finish with them (saying so); what a run killed before its teardown
-left under the prefix (its lock went with it) is swept away before the hosts are made again.
+machine takes another prefix and /24 where it is offered several (:func:`claim_early`), or waits
+for the first to finish with them (saying so); what a run killed before its teardown left under
+the prefix (its lock went with it) is swept away before the hosts are made again.
 """
 
 from __future__ import annotations
@@ -122,20 +123,43 @@ def sweep(prefix: str) -> None:
 
 # Prefixes this process locked ahead of time (claim_early), or why it could not.
 _early: dict[str, int | RuntimeError] = {}
+# The (prefix, net) claim_early chose.
+_chosen: list[tuple[str, int]] = []
 
 
-def claim_early(prefix: str, wait_s: float = CLAIM_WAIT_S, say=print) -> None:
-    """Lock ``prefix`` now, before any test starts, for the :meth:`Hosts.start` that comes later.
+def claim_early(
+    slots: Sequence[tuple[str, int]], wait_s: float = CLAIM_WAIT_S, say=print
+) -> tuple[str, int]:
+    """Lock one of ``slots`` (prefix, /24) now, before any test starts, for the
+    :meth:`Hosts.start` that comes later; :func:`chosen_slot` then says which.
 
-    The wait for another run can be long, and it must not count against the time limit of the
-    test that happens to make the hosts. If it fails, that :meth:`Hosts.start` (and every later
-    one) raises the same error at once instead of waiting again.
+    The first slot no other run holds is taken at once, so test runs side by side on one
+    machine each make their own hosts; when every slot is held, this waits for the first. That
+    wait can be long, and it must not count against the time limit of the test that happens to
+    make the hosts. If it fails, that :meth:`Hosts.start` (and every later one) raises the same
+    error at once instead of waiting again.
     """
-    if prefix not in _early:
+    if _chosen:
+        return _chosen[0]
+    for prefix, net in slots:
         try:
-            _early[prefix] = claim(prefix, wait_s, say)
-        except RuntimeError as exc:
-            _early[prefix] = exc
+            _early[prefix] = claim(prefix, 0, say)
+        except RuntimeError:
+            continue
+        _chosen.append((prefix, net))
+        return prefix, net
+    prefix, net = slots[0]
+    try:
+        _early[prefix] = claim(prefix, wait_s, say)
+    except RuntimeError as exc:
+        _early[prefix] = exc
+    _chosen.append((prefix, net))
+    return prefix, net
+
+
+def chosen_slot(slots: Sequence[tuple[str, int]]) -> tuple[str, int]:
+    """The slot :func:`claim_early` locked, else the first of ``slots`` (locked when used)."""
+    return _chosen[0] if _chosen else slots[0]
 
 
 def claim(prefix: str, wait_s: float = CLAIM_WAIT_S, say=print) -> int:

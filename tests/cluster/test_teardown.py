@@ -141,3 +141,30 @@ def test_a_second_run_waits_for_the_hosts_in_use_and_says_whose_they_are(tmp_pat
             other.wait(timeout=30)
             Hosts(PREFIX, NET, 1).close()
     assert leftovers(PREFIX) == []
+
+
+# A fresh process, as a test run is: claim_early keeps its choice for the process.
+CHOOSE = """
+from tests.cluster.hosts import chosen_slot, claim_early
+print(claim_early([("stdown", 2), ("stdownb", 5)], wait_s=0, say=print))
+print(chosen_slot([("stdown", 2)]))
+"""
+
+
+def test_a_second_run_makes_its_hosts_in_the_next_free_slot_at_once(tmp_path):
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    other = _other_run(PREFIX, NET, tmp_path)
+    try:
+        chose = subprocess.run(
+            [sys.executable, "-c", CHOOSE], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        # Not a wait for the other run's hosts (its wait_s=0 would have failed), nor a word.
+        assert chose.stdout.splitlines() == ["('stdownb', 5)", "('stdownb', 5)"], chose.stderr
+        assert other.poll() is None
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        assert other.wait(timeout=30) == 0
+    assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
