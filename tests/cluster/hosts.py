@@ -279,7 +279,7 @@ class Hosts:
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` on ``host``: its network namespace, and its own disk at HOST_DISK."""
         mount = (
-            f"mount -t tmpfs -o size=64m sparktrain-{host.name} {HOST_DISK} && "
+            f"mount -t tmpfs -o size=64m {self.disk_name(host)} {HOST_DISK} && "
             f'hostname {host.netns} && exec "$@"'
         )
         cmd = [
@@ -293,6 +293,10 @@ class Hosts:
             )
         self._procs.append(proc)
         return proc
+
+    def disk_name(self, host: Host) -> str:
+        """The source name of ``host``'s disk in the mount table (unique on the machine)."""
+        return f"sparktrain-{self.prefix}-{host.name}"
 
     def kill_host(self, host: Host) -> None:
         """SIGKILL every process on ``host``, as when the machine dies, and wait for them."""
@@ -327,11 +331,9 @@ class Hosts:
                     pass  # not there, or holds another namespace's files
         if self.bridge in links():
             _ip("link", "del", self.bridge, check=False)
-        # veth ends die with their namespace; the bridge's ports go with the bridge.
-        try:
-            HOST_DISK.rmdir()
-        except OSError:
-            pass  # not empty (the driver's own use of it) or in use by another cluster
+        # veth ends die with their namespace; the bridge's ports go with the bridge. HOST_DISK
+        # stays: it is empty here, and the mount point of other runs' hosts (removing it would
+        # unmount their disks, and another run's host could find no mount point).
         # The kernel frees a deleted namespace's links in the background.
         deadline = time.monotonic() + 10
         while (left := leftovers(self.prefix)) and time.monotonic() < deadline:

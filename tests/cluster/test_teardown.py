@@ -86,13 +86,13 @@ def test_failed_test_leaves_no_namespace_link_mount_or_jvm():
             )
             assert _jvms_of(made.master_url), "the master and the Worker run"
             # The host's disk: a tmpfs in the Worker's mount namespace, not in ours.
-            assert _holders_of_disk(f"sparktrain-{host.name}")
-            assert os.getpid() not in _holders_of_disk(f"sparktrain-{host.name}")
+            assert _holders_of_disk(made.hosts.disk_name(host))
+            assert os.getpid() not in _holders_of_disk(made.hosts.disk_name(host))
             master_url = made.master_url
             raise RuntimeError("a test failed here")
     assert leftovers(PREFIX) == []
     assert _jvms_of(master_url) == []
-    assert _holders_of_disk(f"sparktrain-{host.name}") == []
+    assert _holders_of_disk(made.hosts.disk_name(host)) == []
     assert not HOST_DISK.exists() or not any(HOST_DISK.iterdir())
 
 
@@ -163,6 +163,27 @@ def test_a_second_run_makes_its_hosts_in_the_next_free_slot_at_once(tmp_path):
         # Not a wait for the other run's hosts (its wait_s=0 would have failed), nor a word.
         assert chose.stdout.splitlines() == ["('stdownb', 5)", "('stdownb', 5)"], chose.stderr
         assert other.poll() is None
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        assert other.wait(timeout=30) == 0
+    assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
+
+
+def test_another_runs_teardown_leaves_this_runs_host_disks_mounted(tmp_path):
+    # The host disks of every run share one mount point: a teardown that removed it (empty as
+    # the machine sees it) would unmount the disks of the hosts other runs still use.
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    other = _other_run(PREFIX, NET, tmp_path)  # a process on its host, its disk mounted
+    try:
+        (host,) = Hosts(PREFIX, NET, 1).hosts
+        disk = Hosts(PREFIX, NET, 1).disk_name(host)
+        assert _holders_of_disk(disk)
+        Hosts("stdownb", 6, 1).start().close()
+        assert _holders_of_disk(disk), "the other run's host lost its disk"
+        assert HOST_DISK.is_dir()
     finally:
         assert other.stdin is not None
         other.stdin.close()
