@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from sparktrain import RunStalledError, RunTimeoutError, SparkRunner, WorkerFailedError
-from tests.helpers import interrupt_once_started
+from tests.helpers import interrupt_once_started, timed_out_while_running
 
 
-def _reduce_or_sleep() -> float:
+def _reduce_or_sleep(started: str = "") -> float:
+    import os
     import time
 
     import torch
@@ -27,6 +28,8 @@ def _reduce_or_sleep() -> float:
 
     dist.init_process_group("gloo")
     tensor = torch.ones(1)
+    if started:  # this rank is about to block where the test expects to find it
+        open(os.path.join(started, f"{dist.get_rank()}.started"), "w").close()
     if dist.get_rank() == 1:
         time.sleep(120)
     dist.all_reduce(tensor)
@@ -74,12 +77,19 @@ def where_line(message: str, rank: int) -> str:
     return next(line for line in message.splitlines() if line.startswith(prefix))
 
 
-def test_a_timeout_names_each_rank_with_its_frame() -> None:
-    runner = SparkRunner(np=-2, timeout=20, grace_period=1, progress=False)
-    with pytest.raises(RunTimeoutError) as info:
-        runner.run(_reduce_or_sleep)
-    message = str(info.value)
-    assert message.startswith("the run exceeded timeout=20s")
+def test_a_timeout_names_each_rank_with_its_frame(tmp_path: Path) -> None:
+    # Both ranks must have reached where they block when the timeout fires (a busy machine can
+    # take longer than the first timeout to import torch): see timed_out_while_running.
+    def attempt(folder: Path, timeout: float) -> RunTimeoutError:
+        runner = SparkRunner(np=-2, timeout=timeout, grace_period=1, progress=False)
+        with pytest.raises(
+            RunTimeoutError, match=f"^the run exceeded timeout={timeout:g}s"
+        ) as info:
+            runner.run(_reduce_or_sleep, str(folder))
+        return info.value
+
+    error = timed_out_while_running(attempt, tmp_path, (20, 40, 80), pattern="*.started")
+    message = str(error)
     rank0, rank1 = where_line(message, 0), where_line(message, 1)
     assert rank0.startswith("  rank 0: in all_reduce (")
     assert line_of(_reduce_or_sleep, "dist.all_reduce(tensor)") in rank0
@@ -92,7 +102,7 @@ def test_a_timeout_names_each_rank_with_its_frame() -> None:
     assert "rank 0 on 127.0.0.1 was still running" in message
     assert "its main thread's stack (most recent call last):" in message
     assert re.search(r'distributed_c10d.py", line \d+, in all_reduce\n', message)
-    assert set(info.value.stopped) == {0, 1}
+    assert set(error.stopped) == {0, 1}
 
 
 def test_a_stall_with_stall_action_fail_ends_the_run_with_the_stacks() -> None:
