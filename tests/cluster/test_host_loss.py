@@ -44,7 +44,16 @@ def _kill_host_when_ranks_wait(runner: SparkRunner, cluster: Any, host: Any, out
 def test_lost_host_restarts_from_s3_with_exact_steps(cluster, cluster_spark, cluster_s3, caplog):
     url = f"s3://{cluster_s3.new_bucket('hostloss')}/run"
     victim = cluster.hosts.hosts[-1]
-    runner = SparkRunner(np=NP, max_restarts=1, grace_period=2, env=cluster_s3.env, progress=False)
+    # The host's executors come back as a new Worker's JVMs: as long as the tier allows anywhere
+    # for executors to register (120 s), not the default 60 s (over it beside two other suites).
+    runner = SparkRunner(
+        np=NP,
+        max_restarts=1,
+        grace_period=2,
+        capacity_wait=120,
+        env=cluster_s3.env,
+        progress=False,
+    )
     out: dict[str, Any] = {}
     killer = threading.Thread(
         target=_kill_host_when_ranks_wait, args=(runner, cluster, victim, out), daemon=True
