@@ -23,7 +23,7 @@ from tests.workers import claims_cluster_hosts
 # Where the tier's hosts may be made (prefix, /24 in 198.18.0.0/16): namespaces stclu-h1,
 # stclu-h2, bridge stclubr on 198.18.1.0/24, or the next slot's when another test run on the
 # machine holds the first (test_teardown.py's hosts use 198.18.2.0/24).
-SLOTS = (("stclu", 1), ("stclub", 3), ("stcluc", 4))
+SLOTS = (("stclu", 1), ("stcl3", 3), ("stcl4", 4))
 HOSTS = 2
 EXECUTORS_PER_HOST = 2
 GPUS_PER_HOST = 2

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import time
@@ -74,13 +75,33 @@ def netns_pids(name: str) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _our_namespaces(prefix: str) -> list[str]:
+    """The namespaces of hosts named ``prefix`` (``<prefix>-h<i>``), and no other prefix's."""
+    return [n for n in namespaces() if re.fullmatch(rf"{re.escape(prefix)}-h\d+", n)]
+
+
+def _our_links(prefix: str) -> list[str]:
+    """The links of hosts named ``prefix`` (bridge ``<prefix>br``, veths ``<prefix>h<i>``):
+    exactly these, since one prefix can begin another's names ("stclu" and "stclubr")."""
+    return [n for n in links() if re.fullmatch(rf"{re.escape(prefix)}(br|h\d+)", n)]
+
+
+def _our_etc(prefix: str) -> list[Path]:
+    return [
+        p
+        for p in NETNS_ETC.glob(f"{prefix}-*")
+        if re.fullmatch(rf"{re.escape(prefix)}-h\d+", p.name)
+    ]
+
+
 def leftovers(prefix: str) -> list[str]:
     """What of the hosts named ``prefix`` is still there: namespaces, links, processes."""
-    left = [f"netns {n}" for n in namespaces() if n.startswith(prefix)]
-    left += [f"link {n}" for n in links() if n.startswith(prefix)]
-    for ns in (n for n in namespaces() if n.startswith(prefix)):
+    ours = _our_namespaces(prefix)
+    left = [f"netns {n}" for n in ours]
+    left += [f"link {n}" for n in _our_links(prefix)]
+    for ns in ours:
         left += [f"pid {p} in {ns}" for p in netns_pids(ns)]
-    left += [f"file {p}" for p in NETNS_ETC.glob(f"{prefix}-*")]
+    left += [f"file {p}" for p in _our_etc(prefix)]
     return left
 
 
@@ -108,12 +129,12 @@ def kill_namespace(name: str, within: float = 30.0) -> None:
 def sweep(prefix: str) -> None:
     """Remove what hosts named ``prefix`` left: their processes (waiting until they have
     ended), namespaces, links, files."""
-    for ns in (n for n in namespaces() if n.startswith(f"{prefix}-")):
+    for ns in _our_namespaces(prefix):
         kill_namespace(ns)
         _ip("netns", "del", ns, check=False)
-    for link in (n for n in links() if n.startswith(prefix)):
+    for link in _our_links(prefix):
         _ip("link", "del", link, check=False)
-    for etc in NETNS_ETC.glob(f"{prefix}-*"):
+    for etc in _our_etc(prefix):
         (etc / "hosts").unlink(missing_ok=True)
         try:
             etc.rmdir()

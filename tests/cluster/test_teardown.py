@@ -189,3 +189,23 @@ def test_another_runs_teardown_leaves_this_runs_host_disks_mounted(tmp_path):
         other.stdin.close()
         assert other.wait(timeout=30) == 0
     assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
+
+
+def test_sweeping_a_prefix_leaves_the_hosts_of_a_prefix_it_begins(tmp_path):
+    # "stdown" begins "stdownb"'s link names (stdownbbr, stdownbh1): claiming "stdown", which
+    # sweeps what a dead run left under it, must not take the live hosts of "stdownb".
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    other = _other_run("stdownb", 5, tmp_path)
+    try:
+        before = sorted(leftovers("stdownb"))
+        assert "link stdownbbr" in before and "netns stdownb-h1" in before
+        os.close(claim(PREFIX, wait_s=0))
+        assert sorted(leftovers("stdownb")) == before
+        assert other.poll() is None
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        assert other.wait(timeout=30) == 0
+    assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
