@@ -9,11 +9,27 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT, spark_test_conf
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tier's server starts in its first test's setup, under limits of its own (the
+    server's start, its first job): the suite's limit for a hung test counts each test's own
+    call here, not how long a busy machine took to start a server (over 300 s beside two other
+    suites)."""
+    try:
+        limit = float(config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout is not installed: no limit to move
+        return
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if limit > 0 and here in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit, func_only=True))
 
 
 @pytest.fixture(scope="package")
@@ -41,9 +57,12 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="package")
 def connect(connect_server: str) -> Iterator[Any]:
     """A Spark Connect client session on :func:`connect_server`."""
-    from tests.connect.server import connect_session
+    from tests.connect.server import ServerFailed, connect_session, first_job
 
     with connect_session(connect_server) as session:
-        # The first job of a fresh cluster starts its Python workers: keep that out of tests.
-        session.range(2).collect()
+        # The first job of a fresh cluster starts its executors' work: keep that out of tests.
+        try:
+            first_job(session)
+        except ServerFailed as exc:
+            pytest.fail(str(exc))
         yield session

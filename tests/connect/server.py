@@ -12,9 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # Seconds for the server to listen (14-30 s on a busy 2-core machine; over 190 s seen when
@@ -131,3 +133,28 @@ def connect_session(url: str) -> Iterator[object]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def first_job(session: Any, limit: float = SERVER_START) -> None:
+    """Run a fresh server's first job (its executors start their work) on ``session``.
+
+    Raises:
+        ServerFailed: the job had not ended within ``limit`` seconds (it is interrupted).
+    """
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            session.range(2).collect()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=body, name="connect-first-job", daemon=True).start()
+    if not done.wait(limit):
+        session.interruptAll()
+        raise ServerFailed(f"the Connect server's first job did not end within {limit:g} s")
+    if errors:
+        raise errors[0]
