@@ -57,8 +57,9 @@ def test_nics_that_no_host_has_is_named_before_any_rank_starts(cluster, cluster_
     with pytest.raises(ConfigurationError) as raised:
         SparkRunner(np=4, nics="ib0").run(cluster_trainers.ddp_report, steps=1)
     message = str(raised.value)
-    assert "nics=['ib0']: host 198.18.1." in message and "has no such interface" in message
-    assert f"{DECOY_IF} ({DECOY_ADDR.split('/')[0]}), {HOST_IF} (198.18.1." in message
+    net = cluster.hosts.gateway.rsplit(".", 1)[0] + "."  # the tier's /24, e.g. 198.18.1.
+    assert f"nics=['ib0']: host {net}" in message and "has no such interface" in message
+    assert f"{DECOY_IF} ({DECOY_ADDR.split('/')[0]}), {HOST_IF} ({net}" in message
 
 
 def test_strangers_at_every_probe_port_do_not_change_the_interface_choice(cluster, cluster_spark):
