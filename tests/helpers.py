@@ -128,3 +128,21 @@ def wait_gone(pids: list[int], timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"pids {alive(pids)} still run after {timeout}s")
         time.sleep(0.05)
+
+
+def time_calls_only(config: Any, items: list[Any], folder: Path) -> None:
+    """Give the tests under ``folder`` the suite's limit for a hung test on their own call
+    (pytest-timeout's ``func_only``), where a tier's shared fixtures start a cluster or a server
+    in the setup of its first test under limits of their own: on a busy machine that start
+    alone can take longer than the limit. A test's own ``timeout`` mark is left as it is."""
+    try:
+        limit = float(config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout is not installed: no limit to move
+        return
+    if limit <= 0:
+        return
+    import pytest
+
+    for item in items:
+        if folder in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit, func_only=True))

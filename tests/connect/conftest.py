@@ -15,21 +15,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, spark_test_conf
+from tests.helpers import time_calls_only
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tier's server starts in its first test's setup, under limits of its own (the
-    server's start, its first job): the suite's limit for a hung test counts each test's own
-    call here, not how long a busy machine took to start a server (over 300 s beside two other
-    suites)."""
-    try:
-        limit = float(config.getini("timeout") or 0)
-    except ValueError:  # pytest-timeout is not installed: no limit to move
-        return
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if limit > 0 and here in item.path.parents and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(limit, func_only=True))
+    """The tier's server starts in its first test's setup, under limits of its own (its start,
+    its first job), which took over 300 s beside two other suites: see time_calls_only."""
+    time_calls_only(config, items, Path(__file__).resolve().parent)
 
 
 @pytest.fixture(scope="package")
