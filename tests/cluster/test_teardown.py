@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -14,6 +16,7 @@ import pytest
 from tests.cluster.conftest import missing_requirement
 from tests.cluster.hosts import HOST_DISK, Hosts, claim, leftovers, netns_pids
 from tests.cluster.standalone import standalone_cluster
+from tests.helpers import wait_for
 
 PREFIX = "stdown"
 NET = 2  # apart from the tier's shared cluster, which may be up meanwhile
@@ -151,61 +154,51 @@ print(chosen_slot([("stdown", 2)]))
 """
 
 
-def test_a_second_run_makes_its_hosts_in_the_next_free_slot_at_once(tmp_path):
+@contextlib.contextmanager
+def _beside_another_run(prefix: str, net: int, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another test run holding hosts named ``prefix``, a process on its host; it must still
+    run at the end of the block, then end cleanly, leaving nothing of them or of "stdownb"."""
     reason = missing_requirement()
     if reason:
         pytest.skip(reason)
-    other = _other_run(PREFIX, NET, tmp_path)
+    other = _other_run(prefix, net, tmp_path)
     try:
+        yield other
+        assert other.poll() is None
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        assert other.wait(timeout=30) == 0
+    assert leftovers(prefix) == [] and leftovers(PREFIX) == [] and leftovers("stdownb") == []
+
+
+def test_a_second_run_makes_its_hosts_in_the_next_free_slot_at_once(tmp_path):
+    with _beside_another_run(PREFIX, NET, tmp_path):
         chose = subprocess.run(
             [sys.executable, "-c", CHOOSE], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
         # Not a wait for the other run's hosts (its wait_s=0 would have failed), nor a word.
         assert chose.stdout.splitlines() == ["('stdownb', 5)", "('stdownb', 5)"], chose.stderr
-        assert other.poll() is None
-    finally:
-        assert other.stdin is not None
-        other.stdin.close()
-        assert other.wait(timeout=30) == 0
-    assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
 
 
 def test_another_runs_teardown_leaves_this_runs_host_disks_mounted(tmp_path):
     # The host disks of every run share one mount point: a teardown that removed it (empty as
     # the machine sees it) would unmount the disks of the hosts other runs still use.
-    reason = missing_requirement()
-    if reason:
-        pytest.skip(reason)
-    other = _other_run(PREFIX, NET, tmp_path)  # a process on its host, its disk mounted
-    try:
-        (host,) = Hosts(PREFIX, NET, 1).hosts
-        disk = Hosts(PREFIX, NET, 1).disk_name(host)
-        assert _holders_of_disk(disk)
+    with _beside_another_run(PREFIX, NET, tmp_path):  # a process on its host, its disk mounted
+        hosts = Hosts(PREFIX, NET, 1)
+        disk = hosts.disk_name(hosts.hosts[0])
+        # Its process mounts the disk as it starts, after the other run has said "up".
+        wait_for(lambda: _holders_of_disk(disk), 30, "the other run's host disk mounted")
         Hosts("stdownb", 6, 1).start().close()
         assert _holders_of_disk(disk), "the other run's host lost its disk"
         assert HOST_DISK.is_dir()
-    finally:
-        assert other.stdin is not None
-        other.stdin.close()
-        assert other.wait(timeout=30) == 0
-    assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
 
 
 def test_sweeping_a_prefix_leaves_the_hosts_of_a_prefix_it_begins(tmp_path):
     # "stdown" begins "stdownb"'s link names (stdownbbr, stdownbh1): claiming "stdown", which
     # sweeps what a dead run left under it, must not take the live hosts of "stdownb".
-    reason = missing_requirement()
-    if reason:
-        pytest.skip(reason)
-    other = _other_run("stdownb", 5, tmp_path)
-    try:
+    with _beside_another_run("stdownb", 5, tmp_path):
         before = sorted(leftovers("stdownb"))
         assert "link stdownbbr" in before and "netns stdownb-h1" in before
         os.close(claim(PREFIX, wait_s=0))
         assert sorted(leftovers("stdownb")) == before
-        assert other.poll() is None
-    finally:
-        assert other.stdin is not None
-        other.stdin.close()
-        assert other.wait(timeout=30) == 0
-    assert leftovers(PREFIX) == [] and leftovers("stdownb") == []
