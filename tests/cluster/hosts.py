@@ -75,9 +75,14 @@ def netns_pids(name: str) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _is_host_name(prefix: str, name: str) -> bool:
+    """Whether ``name`` is a host namespace of ``prefix`` (``<prefix>-h<i>``, also the name
+    of its folder in /etc/netns), and no other prefix's."""
+    return re.fullmatch(rf"{re.escape(prefix)}-h\d+", name) is not None
+
+
 def _our_namespaces(prefix: str) -> list[str]:
-    """The namespaces of hosts named ``prefix`` (``<prefix>-h<i>``), and no other prefix's."""
-    return [n for n in namespaces() if re.fullmatch(rf"{re.escape(prefix)}-h\d+", n)]
+    return [n for n in namespaces() if _is_host_name(prefix, n)]
 
 
 def _our_links(prefix: str) -> list[str]:
@@ -87,11 +92,7 @@ def _our_links(prefix: str) -> list[str]:
 
 
 def _our_etc(prefix: str) -> list[Path]:
-    return [
-        p
-        for p in NETNS_ETC.glob(f"{prefix}-*")
-        if re.fullmatch(rf"{re.escape(prefix)}-h\d+", p.name)
-    ]
+    return [p for p in NETNS_ETC.glob(f"{prefix}-*") if _is_host_name(prefix, p.name)]
 
 
 def leftovers(prefix: str) -> list[str]:
