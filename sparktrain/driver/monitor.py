@@ -140,6 +140,9 @@ class RunMonitor(RunOutcome):
             KeyboardInterrupt: re-raised after every task has been stopped.
             concurrent.futures.CancelledError: the run's handle cancelled it; raised after
                 every task has been stopped.
+
+        Whatever else is raised while watching (SystemExit from a signal handler, say) is
+        raised again once the launch is cancelled.
         """
         events = self.server.events
         launch.start(
@@ -148,6 +151,22 @@ class RunMonitor(RunOutcome):
             )
         )
         t0 = self.times["start"] = time.monotonic()
+        try:
+            done, interrupted = self._follow(launch, t0)
+        except BaseException:
+            # However else the watch ends (a second Ctrl-C, SystemExit from a signal handler,
+            # a harness's time limit, MemoryError), the job must not outlive the call.
+            launch.cancel()
+            raise
+        self.times["end"] = time.monotonic()
+        self.lines.finish()
+        return self._end(done, launch, interrupted)
+
+    def _follow(self, launch: Launch, t0: float) -> tuple[dict[str, Any] | None, bool]:
+        """Handle the run's events and deadlines until it has ended; returns the launch's
+        "done" message (no records if it never confirmed its end) and whether Ctrl-C stopped
+        it."""
+        events = self.server.events
         # Detached tasks (a Connect client the executors cannot reach) never say hello: the
         # job alone tells how the run went, and Spark's barrier is their rendezvous.
         detached = bool(getattr(launch, "detached", False))
@@ -189,8 +208,7 @@ class RunMonitor(RunOutcome):
                         self._on_message(conn_id, message, timers, launch, done is None)
             except KeyboardInterrupt:
                 if interrupted:
-                    launch.cancel()
-                    raise
+                    raise  # the caller cancels the launch at once
                 interrupted = True
                 _log.warning("interrupted; stopping every rank (Ctrl-C again to cancel at once)")
                 timers.set(deadlines.STOP, self._stop(SparkTrainError("interrupted"), launch))
@@ -199,9 +217,7 @@ class RunMonitor(RunOutcome):
                 # start any (they wait for "go", or in Spark's rendezvous): end the job now.
                 timers.clear(deadlines.STOP)
                 timers.set(deadlines.CANCEL, self._cancel(launch))
-        self.times["end"] = time.monotonic()
-        self.lines.finish()
-        return self._end(done, launch, interrupted)
+        return done, interrupted
 
     def _on_deadline(self, timers: Deadlines, launch: Launch, running: bool) -> bool:
         """A deadline passed: act on the first that is due. True: stop watching (the launch

@@ -26,7 +26,7 @@ from sparktrain import (
 )
 from sparktrain.driver.capacity import busy_slots
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids, settled_tracker
+from tests.helpers import alive, recorded_pids, settled_tracker, wait_for, wait_gone
 
 ROUNDS = 20
 
@@ -147,3 +147,42 @@ def test_stopping_while_waiting_for_slots_loses_no_executor_and_no_other_job(spa
         holder.join(60)
     assert outcome == [None]
     assert executors(spark) == before
+
+
+def test_system_exit_from_a_signal_handler_cancels_the_job(spark, tmp_path):
+    """A driver script whose SIGTERM handler exits (a scheduler's stop before its kill): the
+    call raises SystemExit at once, and the run's job does not go on holding the slots. The
+    tasks hang before the rendezvous, where only cancelling the job ends them."""
+    started = tmp_path / "started"
+    started.mkdir()
+
+    def hang(index: int, folder: str = str(started)) -> None:  # nested: pickled by value
+        Path(folder, f"{index}.started").write_text(str(os.getpid()))
+        time.sleep(3600)
+
+    def terminate_once_hanging() -> None:
+        deadline = time.monotonic() + 240
+        while len(list(started.glob("*.started"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def exit_on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(143)
+
+    runner = SparkRunner(np=2, start_timeout=600)
+    runner._pre_rendezvous_hook = hang
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        threading.Thread(target=terminate_once_hanging, daemon=True).start()
+        with pytest.raises(SystemExit):
+            runner.run(trainers.noop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(list(started.glob("*.started"))) == 2, "the tasks never reached the hook"
+    wait_for(
+        lambda: settled_tracker(spark).getActiveJobsIds() == [],
+        timeout=60,
+        what="the run's job ending after SystemExit",
+    )
+    wait_gone([int(p.read_text()) for p in started.glob("*.started")], timeout=60)
+    assert SparkRunner(np=2, capacity_wait=5).run(trainers.noop) == 0
