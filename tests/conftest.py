@@ -18,6 +18,7 @@ import pytest
 
 from sparktrain.config.conf_file import read_conf_file
 from tests import fixtures
+from tests.helpers import time_calls_only
 
 pytest_plugins = ["tests.tier_times"]
 if importlib.util.find_spec("xdist") is not None:
@@ -37,7 +38,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-EXECUTORS_WAIT_S = 240.0  # below a test's time limit, which the session's start counts against
+# How long the shared session waits for its two executors; its start is not counted in the
+# time limit of the test whose setup it is (see pytest_collection_modifyitems).
+EXECUTORS_WAIT_S = 240.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The shared session (``spark``) starts in the setup of each pytest process's first test
+    that asks for it, under a limit of its own (EXECUTORS_WAIT_S): beside other suites that
+    start, with the JVMs', took over two minutes, so the tests that use the session are timed
+    from their own call (see time_calls_only)."""
+    time_calls_only(config, items, lambda item: "spark" in getattr(item, "fixturenames", ()))
 
 
 def spark_test_conf() -> dict[str, str]:

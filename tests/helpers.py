@@ -130,11 +130,12 @@ def wait_gone(pids: list[int], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def time_calls_only(config: Any, items: list[Any], folder: Path) -> None:
-    """Give the tests under ``folder`` the suite's limit for a hung test on their own call
-    (pytest-timeout's ``func_only``), where a tier's shared fixtures start a cluster or a server
-    in the setup of its first test under limits of their own: on a busy machine that start
-    alone can take longer than the limit. A test's own ``timeout`` mark is left as it is."""
+def time_calls_only(config: Any, items: list[Any], chosen: Callable[[Any], bool]) -> None:
+    """Give the ``chosen`` tests the suite's limit for a hung test on their own call
+    (pytest-timeout's ``func_only``), where shared fixtures start a session, a cluster or a
+    server in the setup of the first test that needs it, under limits of their own: on a busy
+    machine that start alone can take longer than the limit. A test's own ``timeout`` mark is
+    left as it is."""
     try:
         limit = float(config.getini("timeout") or 0)
     except ValueError:  # pytest-timeout is not installed: no limit to move
@@ -144,5 +145,10 @@ def time_calls_only(config: Any, items: list[Any], folder: Path) -> None:
     import pytest
 
     for item in items:
-        if folder in item.path.parents and item.get_closest_marker("timeout") is None:
+        if chosen(item) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(limit, func_only=True))
+
+
+def under(folder: Path) -> Callable[[Any], bool]:
+    """Whether a collected test is in ``folder`` (for :func:`time_calls_only`)."""
+    return lambda item: folder in item.path.parents

@@ -19,7 +19,7 @@ from tests.cluster.hosts import chosen_slot, claim_early
 from tests.cluster.shared_s3 import SharedS3, shared_s3
 from tests.cluster.standalone import StandaloneCluster, standalone_cluster
 from tests.conftest import spark_test_conf, wait_for_executors
-from tests.helpers import time_calls_only
+from tests.helpers import time_calls_only, under
 from tests.workers import claims_cluster_hosts
 
 # Where the tier's hosts may be made (prefix, /24 in 198.18.0.0/16): namespaces stclu-h1,
@@ -147,7 +147,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     The tier's cluster starts in its first test's setup under limits of its own (hosts, master,
     Workers, executors), which took over 300 s beside two other suites: the tests are timed
     from their own call (see time_calls_only)."""
-    time_calls_only(config, items, Path(__file__).resolve().parent)
+    time_calls_only(config, items, under(Path(__file__).resolve().parent))
     positions = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/cluster/")]
     tier = sorted(
         (items[i] for i in positions),

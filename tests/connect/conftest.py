@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, spark_test_conf
-from tests.helpers import time_calls_only
+from tests.helpers import time_calls_only, under
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier's server starts in its first test's setup, under limits of its own (its start,
     its first job), which took over 300 s beside two other suites: see time_calls_only."""
-    time_calls_only(config, items, Path(__file__).resolve().parent)
+    time_calls_only(config, items, under(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="package")

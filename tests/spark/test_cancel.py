@@ -70,6 +70,10 @@ def _finished(tmp: Path) -> None:
     assert SparkRunner(np=2).run(trainers.noop) == 0
 
 
+# Twenty stops of 4-15 s each (a start_timeout of 4 s or a timeout of 2 s, a grace period of
+# 1 s, the cancel's confirmation, the slots' release) after a first, cold run: 18 rounds took
+# 126 s beside two other suites, and the first run over a minute.
+@pytest.mark.timeout(600, func_only=True)
 @pytest.mark.parametrize(
     "phase",
     [_rendezvous, _training, _collective, _finished],
