@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 from sparktrain import SparkRunner, private_dir
 from sparktrain.task import workdirs
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids, wait_for_files
+from tests.helpers import alive, recorded_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "driver_killed_job.py"
@@ -31,6 +32,9 @@ GRACE = 2.0
 # (a closed connection or a dead parent: well under a second), plus the grace period, plus
 # the SIGKILL that follows, plus slack for a loaded machine. Measured: about 2 s.
 BOUND = GRACE + 13.0
+# Seconds from the driver's session being up to both ranks running: cold Python workers and
+# their imports (under a minute here; 120 s was too short beside two other suites).
+RANKS_START = 240.0
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +47,9 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return alive(pids)
 
 
+# Its own session's start (up to EXECUTORS_WAIT_S), the ranks' (RANKS_START), three BOUNDs
+# and a last run: more than the suite's 300 s where the machine is busy.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     "np, how",
     [(2, "run"), (-2, "run"), (2, "submit")],
@@ -67,13 +74,17 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int, how: 
     jvm = 0
     ranks: list[int] = []
     zygotes: list[int] = []
+    output: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
+            output.append(line)
             if line.startswith("DRIVER "):
                 jvm = int(line.split()[3])
                 break
-        wait_for_files(pids_dir, "*.pid", 2, timeout=120)
+        # Keep reading the driver's output (a full pipe would block it), for the message below.
+        threading.Thread(target=output.extend, args=(proc.stdout,), daemon=True).start()
+        _wait_for_ranks(pids_dir, proc, output)
         ranks = recorded_pids(pids_dir)
         assert len(alive(ranks)) == 2
         assert list(tasks.glob("task-*")), f"the run's task folders were not in {tasks}"
@@ -102,6 +113,25 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int, how: 
     finally:
         tempfile.tempdir = saved
     assert [p.name for p in tasks.iterdir()] == []
+
+
+def _wait_for_ranks(pids_dir: Path, driver: subprocess.Popen[str], output: list[str]) -> None:
+    """Wait for both ranks' pid files while the driver runs; fail with its output's tail if it
+    exits first or they do not come within RANKS_START seconds."""
+    deadline = time.monotonic() + RANKS_START
+    while len(list(pids_dir.glob("*.pid"))) < 2:
+        tail = "".join(output[-40:])
+        if driver.poll() is not None:
+            raise AssertionError(
+                f"the driver exited with {driver.returncode} before both ranks ran; "
+                f"its output:\n{tail}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"only {sorted(pids_dir.glob('*.pid'))} of the ranks' pid files appeared "
+                f"{RANKS_START:g} s after the driver's session was up; its output:\n{tail}"
+            )
+        time.sleep(0.05)
 
 
 def _zygotes_with_tmpdir(tmp: Path) -> list[int]:
