@@ -46,18 +46,22 @@ def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 6
 
 
 def interrupt_once_started(
-    directory: Path, pattern: str = "*.pid", count: int = 2, timeout: float = 240.0
+    directory: Path,
+    pattern: str = "*.pid",
+    count: int = 2,
+    timeout: float = 240.0,
+    signum: int = signal.SIGINT,
 ) -> threading.Thread:
-    """Press Ctrl-C (SIGINT to this process) once ``count`` files match in ``directory``: the
-    ranks have started. After ``timeout`` it presses anyway, so the run under test ends
-    whatever happened and the test's own checks (the files are there) say what was missing,
-    instead of the run blocking until the test's time limit."""
+    """Press Ctrl-C (SIGINT to this process; or send ``signum``) once ``count`` files match in
+    ``directory``: the ranks have started. After ``timeout`` it presses anyway, so the run
+    under test ends whatever happened and the test's own checks (the files are there) say what
+    was missing, instead of the run blocking until the test's time limit."""
 
     def press() -> None:
         deadline = time.monotonic() + timeout
         while len(list(directory.glob(pattern))) < count and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C (or a notebook's stop button) sends
+        os.kill(os.getpid(), signum)  # SIGINT: what Ctrl-C (or a notebook's stop) sends
 
     thread = threading.Thread(target=press, daemon=True, name="ctrl-c")
     thread.start()

@@ -26,7 +26,14 @@ from sparktrain import (
 )
 from sparktrain.driver.capacity import busy_slots
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids, settled_tracker, wait_for, wait_gone
+from tests.helpers import (
+    alive,
+    interrupt_once_started,
+    recorded_pids,
+    settled_tracker,
+    wait_for,
+    wait_gone,
+)
 
 ROUNDS = 20
 
@@ -164,12 +171,6 @@ def test_system_exit_from_a_signal_handler_cancels_the_job(spark, tmp_path):
         Path(folder, f"{index}.started").write_text(str(os.getpid()))
         time.sleep(3600)
 
-    def terminate_once_hanging() -> None:
-        deadline = time.monotonic() + 240
-        while len(list(started.glob("*.started"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-
     def exit_on_sigterm(signum: int, frame: object) -> None:
         raise SystemExit(143)
 
@@ -177,7 +178,7 @@ def test_system_exit_from_a_signal_handler_cancels_the_job(spark, tmp_path):
     runner._pre_rendezvous_hook = hang
     previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
-        threading.Thread(target=terminate_once_hanging, daemon=True).start()
+        interrupt_once_started(started, "*.started", signum=signal.SIGTERM)
         with pytest.raises(SystemExit):
             runner.run(trainers.noop)
     finally:

@@ -120,16 +120,16 @@ def _wait_for_ranks(pids_dir: Path, driver: subprocess.Popen[str], output: list[
     exits first or they do not come within RANKS_START seconds."""
     deadline = time.monotonic() + RANKS_START
     while len(list(pids_dir.glob("*.pid"))) < 2:
-        tail = "".join(output[-40:])
         if driver.poll() is not None:
             raise AssertionError(
                 f"the driver exited with {driver.returncode} before both ranks ran; "
-                f"its output:\n{tail}"
+                f"its output:\n{''.join(output[-40:])}"
             )
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"only {sorted(pids_dir.glob('*.pid'))} of the ranks' pid files appeared "
-                f"{RANKS_START:g} s after the driver's session was up; its output:\n{tail}"
+                f"{RANKS_START:g} s after the driver's session was up; its output:\n"
+                f"{''.join(output[-40:])}"
             )
         time.sleep(0.05)
 
