@@ -50,11 +50,28 @@ Exchange = Callable[[dict[str, str] | None], dict[str, str] | None]
 _REGISTRY: dict[str, str] = {"mpi": "sparktrain.task.mpi.launch:MpiLaunch"}
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on this host."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+def reserve_port(host: str = "") -> socket.socket:
+    """A socket holding a free TCP port of ``host`` (an address of this machine, or every
+    interface) for a listener still to come.
+
+    The port is offered at rendezvous and rank 0's store listens on it seconds later, in
+    another process. A port that was merely free a moment ago can be taken in between (an
+    outgoing connection's ephemeral port, another program's ``bind``); this socket keeps it
+    bound, so the kernel gives it to nobody else, while ``SO_REUSEADDR`` and not listening
+    let the store (torch's, or :mod:`sparktrain.worker.bound_store`'s, both reusing
+    addresses) bind and listen on it. Close it once the ranks have ended.
+    """
+    family, kind, proto, _name, address = socket.getaddrinfo(
+        host or None, 0, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class RankLauncher(abc.ABC):
@@ -135,9 +152,23 @@ class ProcessLauncher(RankLauncher):
         super().__init__(session, bind)
         # Held while the ranks' stacks are being gathered for the driver.
         self._showing = threading.Lock()
+        # The port offered for rank 0's store, held until the ranks have ended.
+        self._reserved: socket.socket | None = None
 
     def port(self) -> int:
-        return free_port()
+        if self._reserved is None:
+            self._reserved = reserve_port(self.bind)
+        port = int(self._reserved.getsockname()[1])
+        if not sys.platform.startswith("linux"):
+            # Linux lets a listener share a port with a bound, idle socket when both reuse
+            # addresses; elsewhere the rules differ, so the port is only free a moment ago.
+            self.close()
+        return port
+
+    def close(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
     def run(
         self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
