@@ -34,15 +34,37 @@ def settled_tracker(spark: Any) -> Any:
     return spark.sparkContext.statusTracker()
 
 
-def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60.0) -> list[Path]:
-    """Wait until ``count`` files match; the files are written atomically by the ranks."""
+# Seconds from a run's submit to its ranks running, on a busy machine: the run's own bound
+# on its rendezvous (start_timeout, 120 s by default), then cold Python workers and their
+# imports (under a minute quiet; more than 120 s in all beside two other suites).
+RANKS_START = 240.0
+
+
+def wait_for_files(
+    directory: Path, pattern: str, count: int, timeout: float = 60.0, handle: Any = None
+) -> list[Path]:
+    """Wait until ``count`` files match; the files are written atomically by the ranks.
+
+    With ``handle`` (the run's :class:`RunHandle`), a run that ends first fails the wait at
+    once, and a failure shows the run's status and its ranks' last lines.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = sorted(directory.glob(pattern))
         if len(found) >= count:
             return found
+        if handle is not None and handle.done():
+            break
         time.sleep(0.05)
-    raise AssertionError(f"only {sorted(directory.glob(pattern))} appeared in {timeout}s")
+    found = sorted(directory.glob(pattern))
+    if len(found) >= count:
+        return found
+    text = f"only {found} appeared in {timeout}s"
+    if handle is not None:
+        ended = handle.exception() if handle.done() and not handle.cancelled() else None
+        text += f"; the run: {handle.status()}" + (f" ({ended!r})" if ended else "")
+        text += "\n" + "\n".join(handle.tail(40))
+    raise AssertionError(text)
 
 
 def interrupt_once_started(

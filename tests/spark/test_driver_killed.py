@@ -23,7 +23,7 @@ import pytest
 from sparktrain import SparkRunner, private_dir
 from sparktrain.task import workdirs
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids
+from tests.helpers import RANKS_START, alive, recorded_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "driver_killed_job.py"
@@ -32,9 +32,6 @@ GRACE = 2.0
 # (a closed connection or a dead parent: well under a second), plus the grace period, plus
 # the SIGKILL that follows, plus slack for a loaded machine. Measured: about 2 s.
 BOUND = GRACE + 13.0
-# Seconds from the driver's session being up to both ranks running: cold Python workers and
-# their imports (under a minute here; 120 s was too short beside two other suites).
-RANKS_START = 240.0
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from sparktrain import CapacityError, HorovodRunner, SparkRunner
 from sparktrain.examples import _elastic_cluster
 from tests.conftest import _local_executor_logs, wait_for_executors
 from tests.fixtures import elastic_trainers
-from tests.helpers import settled_tracker, wait_for, wait_for_files, wait_gone
+from tests.helpers import RANKS_START, settled_tracker, wait_for, wait_for_files, wait_gone
 
 pytestmark = pytest.mark.spark
 
@@ -71,6 +71,8 @@ def test_horovod_runner_sizes_follow_the_chosen_size(spark):
     assert runner.last_run.sizes == [2]
 
 
+# Two starts (RANKS_START each) and the grown attempt's result (180 s) on a busy machine.
+@pytest.mark.timeout(660, func_only=True)
 def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
     spark, take_executor, tmp_path, caplog
 ):
@@ -83,9 +85,9 @@ def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
         handle = runner.submit_all(
             elastic_trainers.shrink_and_grow, str(tmp_path / "ckpt"), str(marks)
         )
-        wait_for_files(marks, "attempt0.rank*", 2, timeout=120)
+        wait_for_files(marks, "attempt0.rank*", 2, timeout=RANKS_START, handle=handle)
         take_executor()
-        wait_for_files(marks, "attempt1.rank0", 1, timeout=120)
+        wait_for_files(marks, "attempt1.rank0", 1, timeout=RANKS_START, handle=handle)
         assert handle.status() == "running on 1 rank (np=(1, 2))"
         assert handle.sizes == [2, 1]
         want_executors(spark, 2)  # the executor comes back: the run grows at a checkpoint
@@ -106,12 +108,15 @@ def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
     assert "elastic run np=(1, 2): 2 ranks (was 1): grow from 1 to 2" in caplog.text
 
 
+@pytest.mark.timeout(
+    480, func_only=True
+)  # a start (RANKS_START) and the failure (180 s) on a busy machine
 def test_min_larger_than_what_is_left_fails_after_capacity_wait(spark, take_executor, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
     runner = SparkRunner(np=(2, 2), max_restarts=1, capacity_wait=3, grace_period=5)
     handle = runner.submit_all(elastic_trainers.shrink_and_grow, str(tmp_path / "c"), str(marks))
-    wait_for_files(marks, "attempt0.rank*", 2, timeout=120)
+    wait_for_files(marks, "attempt0.rank*", 2, timeout=RANKS_START, handle=handle)
     pids = [int(p.read_text().split()[3]) for p in sorted(marks.glob("attempt0.rank*"))]
     take_executor()
     with pytest.raises(CapacityError) as info:
