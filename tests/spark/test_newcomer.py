@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -99,14 +100,21 @@ def test_readme_blocks_run_as_written_from_the_installed_wheel(installed: Path, 
     script.write_text(runnable_script(documents(ROOT), ROOT), encoding="utf-8")
     outside = tmp_path / "somewhere-else"
     outside.mkdir()
-    proc = subprocess.run(
-        [str(installed), str(script)],
-        cwd=outside,
-        env=_clean_env(installed),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    # The blocks make checkpoint folders with tempfile.mkdtemp() and keep them, as a user's
+    # would: under a TMPDIR of their own, removed afterwards (short: it holds the ranks'
+    # AF_UNIX sockets, whose paths are limited to 107 bytes).
+    scratch = Path(tempfile.mkdtemp(prefix="st-readme-", dir="/tmp"))
+    try:
+        proc = subprocess.run(
+            [str(installed), str(script)],
+            cwd=outside,
+            env={**_clean_env(installed), "TMPDIR": str(scratch)},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     out = proc.stdout
     assert proc.returncode == 0, f"{out[-3000:]}\n{proc.stderr[-6000:]}"
     # Each block ran, in order, and printed what it says it prints.
