@@ -17,7 +17,7 @@ from sparktrain.driver.connect_check import ConnectPlan, plan_connect
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.inflight import expect, forget
 from sparktrain.driver.interrupt import plain_ctrl_c
-from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
+from sparktrain.driver.launch.connect import is_connect, session_conf, sparktrain_conf
 from sparktrain.driver.preflight import check_run
 from sparktrain.driver.progress import Progress, quiet_spark_console
 from sparktrain.driver.python_probe import check_executor_python
@@ -139,12 +139,12 @@ class SparkRunner:
             )
         return session
 
-    def _resolve(self, session: Any) -> RunConfig:
+    def _resolve(self, session: Any, conf: Any = None) -> RunConfig:
         if session is None:
             return self.config
         if is_connect(session):
-            conf = sparktrain_conf(session, conf_keys())
-            return RunConfig.resolve(self.np, self._overrides, spark_conf=conf)
+            found = sparktrain_conf(session_conf(session) if conf is None else conf, conf_keys())
+            return RunConfig.resolve(self.np, self._overrides, spark_conf=found)
         conf = {
             k: v
             for k, v in session.sparkContext.getConf().getAll()
@@ -236,8 +236,10 @@ class SparkRunner:
         else:
             check_call(fn, args, kwargs)
         session = None if self.config.local else self._session()
-        config = self._resolve(session)
-        per_task = check_run(session, config, all_ranks)
+        # A Connect session's conf is read once for the call (each read is a round trip).
+        conf = session_conf(session) if session is not None and is_connect(session) else None
+        config = self._resolve(session, conf)
+        per_task = check_run(session, config, all_ranks, conf)
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
         if session is not None and not is_connect(session):
             # After the checks that cost nothing: this one may run a one-task Spark job.

@@ -134,7 +134,7 @@ def ranks_per_task(conf: Any, config: RunConfig) -> int:
     return k
 
 
-def check_run(session: Any, config: RunConfig, all_ranks: bool) -> int:
+def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any = None) -> int:
     """Every check of a run that costs nothing, before its function is pickled: the
     settings against each other, the backend, the application's conf, an elastic range.
 
@@ -142,6 +142,8 @@ def check_run(session: Any, config: RunConfig, all_ranks: bool) -> int:
         session: the run's SparkSession (classic or Connect), or None for a driver-local run.
         config: the run's resolved settings.
         all_ranks: every rank's value is to come back (``run_all``).
+        conf: the session's conf as already read for this run (anything with
+            ``get(key, default)``), or None to read it here.
 
     Returns:
         The ranks each Spark task runs (one per GPU of the task; 1 without Spark).
@@ -154,8 +156,9 @@ def check_run(session: Any, config: RunConfig, all_ranks: bool) -> int:
     get_backend(config.backend).check(config)
     per_task = 1
     if session is not None:
-        # A Connect session has no SparkContext: its runtime conf answers the same keys.
-        conf = session.conf if is_connect(session) else session.sparkContext.getConf()
+        if conf is None:
+            # A Connect session has no SparkContext: its runtime conf answers the same keys.
+            conf = session.conf if is_connect(session) else session.sparkContext.getConf()
         check_application(conf, config)
         per_task = ranks_per_task(conf, config)
         if config.elastic is not None:

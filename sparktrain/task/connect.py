@@ -29,7 +29,6 @@ from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
 
 RECORD_COLUMN = "record"
-RECORD_SCHEMA = f"{RECORD_COLUMN} binary"
 # Around a detached task's failure record inside the text of the job's error.
 FAILURE_MARK = "SPARKTRAIN-FAILURE["
 FAILURE_END = "]SPARKTRAIN-FAILURE"
@@ -39,6 +38,14 @@ PACKAGES = ("cloudpickle", "torch", "sparktrain")
 # Beyond the grace period, how long a failure that only followed a peer's loss waits for the
 # peer's own failure to end the stage.
 PEER_FAILURE_WAIT = 10.0
+
+
+def record_schema() -> Any:
+    """The stage's output schema, one binary column of records: a ``StructType``, which the
+    client sends as it is (a DDL string would cost a round trip for the server to parse)."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    return StructType([StructField(RECORD_COLUMN, BinaryType())])
 
 
 class DetachedSession(TaskSession):

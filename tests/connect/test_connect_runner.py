@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import HorovodRunner, RunTimeoutError, SparkRunner, WorkerFailedError
+from sparktrain import HorovodRunner, PayloadError, RunTimeoutError, SparkRunner, WorkerFailedError
 from sparktrain.backends.horovod_install import horovod_torch_library
 from tests.fixtures import hvd_trainers, resumable, trainers
 from tests.helpers import (
@@ -100,3 +100,32 @@ def test_horovod_runner_run_all_returns_every_ranks_value(connect):
     placed = HorovodRunner(np=2, spark=connect).run_all(trainers.placed)
     assert [rank for rank, _, _ in placed] == [0, 1]
     assert os.getpid() not in {pid for _, _, pid in placed}
+
+
+def test_a_warm_call_makes_two_round_trips_and_the_session_conf_applies(connect, monkeypatch):
+    # Every conf read and plan analysis of a Connect client is a round trip to the server. A
+    # warm call takes one snapshot of the conf (getAll) and runs its job: nothing else.
+    from pyspark.sql.connect.client.core import SparkConnectClient
+
+    trips: list[str] = []
+    for name in ("config", "_analyze", "_execute_and_fetch", "execute_command"):
+        real = getattr(SparkConnectClient, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            trips.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(SparkConnectClient, name, counted)
+    runner = SparkRunner(np=2, spark=connect, progress=False)
+    assert runner.run(trainers.whoami, tag="first")["tag"] == "first"  # plans the session
+    trips.clear()
+    assert runner.run(trainers.whoami, tag="warm")["tag"] == "warm"
+    assert sorted(trips) == ["_execute_and_fetch", "config"]
+    connect.conf.set("spark.sparktrain.maxPayloadBytes", "1024")
+    try:
+        with pytest.raises(PayloadError) as info:
+            runner.run(trainers.whoami, tag="x" * 4096)
+    finally:
+        connect.conf.unset("spark.sparktrain.maxPayloadBytes")
+    assert "spark.sparktrain.maxPayloadBytes" in str(info.value)
+    assert runner.run(trainers.whoami, tag="after")["tag"] == "after"

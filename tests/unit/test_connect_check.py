@@ -91,8 +91,12 @@ class FakeSession:
 
 @pytest.mark.parametrize("get_all", [True, False])
 def test_sparktrain_conf_reads_only_our_keys(get_all):
-    from sparktrain.driver.launch.connect import sparktrain_conf
+    from sparktrain.driver.launch.connect import session_conf, sparktrain_conf
 
     values = {"spark.sparktrain.timeout": "5m", "spark.master": "local[2]"}
-    found = sparktrain_conf(FakeSession(FakeConf(values, get_all)), ["spark.sparktrain.timeout"])
+    conf = session_conf(FakeSession(FakeConf(values, get_all)))
+    # With getAll, one snapshot answers every later read; without, the conf itself.
+    assert isinstance(conf, dict) == get_all
+    assert conf.get("spark.master", None) == "local[2]" and conf.get("x", "d") == "d"
+    found = sparktrain_conf(conf, ["spark.sparktrain.timeout"])
     assert found == {"spark.sparktrain.timeout": "5m"}

@@ -9,6 +9,7 @@ payload that cannot fit in it is refused before the stage starts (:func:`check_p
 
 from __future__ import annotations
 
+import collections
 import functools
 import pickle
 import socket
@@ -19,7 +20,7 @@ from typing import Any
 from sparktrain.driver.launch.stage import FailedTask, describe_spark_error, failed_task
 from sparktrain.errors import PayloadError, WorkerFailure
 from sparktrain.task.assignment import TaskJob
-from sparktrain.task.connect import RECORD_COLUMN, RECORD_SCHEMA, failure_in, run_connect_task
+from sparktrain.task.connect import RECORD_COLUMN, failure_in, record_schema, run_connect_task
 
 Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
 
@@ -35,17 +36,27 @@ def is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
-def sparktrain_conf(session: Any, keys: list[str]) -> dict[str, str]:
-    """The ``spark.sparktrain.*`` entries of ``keys`` that the session's conf sets."""
+def session_conf(session: Any) -> Any:
+    """A Connect session's conf for one run's checks: a snapshot of every set key, taken in
+    one round trip (``getAll``, pyspark 4), or, from older clients, the session's runtime conf
+    itself (a round trip per key read). Either answers ``get(key, default)``."""
     try:
-        every = session.conf.getAll  # one round trip (pyspark 4); a property, not a method
+        every = session.conf.getAll  # a property, not a method
     except Exception:  # noqa: BLE001 - older clients: ask for each key
-        every = None
+        return session.conf
     if isinstance(every, dict):
-        return {k: str(v) for k, v in every.items() if k in keys and v is not None}
+        return {str(k): str(v) for k, v in every.items() if v is not None}
+    return session.conf
+
+
+def sparktrain_conf(conf: Any, keys: list[str]) -> dict[str, str]:
+    """The ``spark.sparktrain.*`` entries of ``keys`` that ``conf`` (see :func:`session_conf`)
+    sets."""
+    if isinstance(conf, dict):
+        return {k: v for k, v in conf.items() if k in keys}
     found: dict[str, str] = {}
     for key in keys:
-        value = session.conf.get(key, None)
+        value = conf.get(key, None)
         if value is not None:
             found[key] = str(value)
     return found
@@ -160,9 +171,10 @@ class ConnectLaunch:
             # Tags are kept per thread by the Connect client: set it in the thread that runs.
             self.spark.addTag(self.tag)
             try:
-                frame = self.spark.range(0, self.n, 1, self.n)
-                rows = frame.mapInArrow(task, RECORD_SCHEMA, barrier=True).collect()
-                records = [pickle.loads(row[RECORD_COLUMN]) for row in rows]
+                stage = _tasks_frame(self.spark, self.n).mapInArrow(
+                    task, record_schema(), barrier=True
+                )
+                records = [pickle.loads(value) for value in _column(stage, RECORD_COLUMN)]
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
                 try:
                     records = [_failed_record(failure_in(str(exc)))]
@@ -195,6 +207,43 @@ class ConnectLaunch:
 
     def failed_task(self, error: BaseException) -> FailedTask | None:
         return failed_task(error, self.job.ranks_per_task)
+
+
+# The input of each session's stages, by (session id, tasks): see _tasks_frame.
+_TASK_FRAMES: collections.OrderedDict[tuple[str, int], Any] = collections.OrderedDict()
+_TASK_FRAMES_KEPT = 16
+_task_frames_lock = threading.Lock()
+
+
+def _tasks_frame(spark: Any, n: int) -> Any:
+    """The ``n``-partition input of a run's stage: one row per task.
+
+    ``mapInArrow`` reads its input's columns, which costs a round trip to the server for a
+    new ``range`` frame; the same frame object keeps its schema once asked, so each session's
+    later runs of ``n`` tasks reuse it (a frame is only a plan: nothing of a past job stays).
+    """
+    key = (str(getattr(spark, "session_id", id(spark))), n)
+    with _task_frames_lock:
+        frame = _TASK_FRAMES.get(key)
+        if frame is None:
+            frame = _TASK_FRAMES[key] = spark.range(0, n, 1, n)
+            while len(_TASK_FRAMES) > _TASK_FRAMES_KEPT:
+                _TASK_FRAMES.popitem(last=False)
+        _TASK_FRAMES.move_to_end(key)
+        return frame
+
+
+def _column(frame: Any, name: str) -> list[bytes]:
+    """Run ``frame``'s job and return column ``name``, from the Arrow table the server sent.
+
+    ``collect()`` would also read ``spark.sql.execution.pyspark.binaryAsBytes`` (one more
+    round trip on every call) and build a ``Row`` per record; the client's table is taken as
+    it arrives where it offers it (``_to_table``, pyspark 3.4 to 4.x).
+    """
+    to_table = getattr(frame, "_to_table", None)
+    if not callable(to_table):
+        return [row[name] for row in frame.collect()]
+    return [bytes(value) for value in to_table()[0].column(name).to_pylist()]
 
 
 def _failed_record(failure: dict[str, Any] | None) -> dict[str, Any]:
