@@ -50,9 +50,9 @@ Exchange = Callable[[dict[str, str] | None], dict[str, str] | None]
 _REGISTRY: dict[str, str] = {"mpi": "sparktrain.task.mpi.launch:MpiLaunch"}
 
 
-def reserve_port(host: str = "") -> socket.socket:
-    """A socket holding a free TCP port of ``host`` (an address of this machine, or every
-    interface) for a listener still to come.
+def reserve_port() -> socket.socket:
+    """A socket holding a free TCP port of this host, on every address, for a listener still
+    to come.
 
     The port is offered at rendezvous and rank 0's store listens on it seconds later, in
     another process. A port that was merely free a moment ago can be taken in between (an
@@ -60,18 +60,31 @@ def reserve_port(host: str = "") -> socket.socket:
     bound, so the kernel gives it to nobody else, while ``SO_REUSEADDR`` and not listening
     let the store (torch's, or :mod:`sparktrain.worker.bound_store`'s, both reusing
     addresses) bind and listen on it. Close it once the ranks have ended.
+
+    It is bound to the wildcard address, IPv6 and IPv4 together where the host has IPv6, as
+    torch's store is: a port chosen for one address alone may be held on another (a loopback
+    listener), where a store on every interface then cannot listen.
     """
-    family, kind, proto, _name, address = socket.getaddrinfo(
-        host or None, 0, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((address, 0))
+        except OSError:
+            sock.close()
+            if family == socket.AF_INET:
+                raise
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise OSError("no TCP socket can be made on this host")
 
 
 class RankLauncher(abc.ABC):
@@ -157,7 +170,7 @@ class ProcessLauncher(RankLauncher):
 
     def port(self) -> int:
         if self._reserved is None:
-            self._reserved = reserve_port(self.bind)
+            self._reserved = reserve_port()
         port = int(self._reserved.getsockname()[1])
         if not sys.platform.startswith("linux"):
             # Linux lets a listener share a port with a bound, idle socket when both reuse

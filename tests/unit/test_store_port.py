@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from sparktrain import SparkRunner
 from sparktrain.task.launchers import reserve_port
 
@@ -66,8 +68,32 @@ def test_a_program_binding_the_offered_port_is_refused_and_the_run_goes_on() -> 
     assert seen["total"] == 2.0
 
 
+@pytest.mark.parametrize("stranger", ["0.0.0.0", "127.0.0.1", "::1"])
+def test_the_held_port_is_held_on_every_address(stranger: str) -> None:
+    # Torch's store listens on every interface: a port held on one address alone could be
+    # another listener's on loopback, and the store would fail there.
+    held = reserve_port()
+    port = held.getsockname()[1]
+    family = socket.AF_INET6 if ":" in stranger else socket.AF_INET
+    try:
+        with socket.socket(family) as other:
+            try:
+                other.bind((stranger, port))
+            except OSError as exc:
+                refused = exc.errno
+            else:
+                refused = 0
+    except OSError:
+        pytest.skip(f"no {stranger} on this host")
+    finally:
+        held.close()
+    if refused == errno.EADDRNOTAVAIL:
+        pytest.skip(f"no {stranger} on this host")
+    assert refused == errno.EADDRINUSE
+
+
 def test_the_held_port_is_free_for_a_listener_that_reuses_addresses() -> None:
-    held = reserve_port("127.0.0.1")
+    held = reserve_port()
     port = held.getsockname()[1]
     try:
         with socket.socket() as plain:
