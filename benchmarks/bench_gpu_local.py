@@ -1,8 +1,9 @@
 """Launch cost of GPU runs on the driver (``np=-1``, NCCL) against the same function run in a
 bare interpreter, as ``torchrun --nproc-per-node 1`` would start it.
 
-The function is a DDP job on the rank's GPU: ``init_process_group("nccl")``, a small linear
-model wrapped in DDP, five SGD steps, a barrier. Each row is one call, timed around it: the
+The function is the GPU tests' DDP job on the rank's GPU (``tests/fixtures/gpu_trainers.py``):
+``init_process_group`` with NCCL, a small linear model wrapped in DDP, five SGD steps, a
+barrier. Each row is one call, timed around it: the
 first sparktrain call starts its rank as a new interpreter (a zygote loads beside it), the
 later ones fork it warm; each sparktrain row also gives rank 0's breakdown (load: from the
 process's start to the function's call; function: the call itself, where CUDA and NCCL start).
@@ -29,31 +30,15 @@ from typing import Any
 
 from instruments import rank0_forked, require
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
+import cloudpickle  # noqa: E402
 
-def ddp_steps(steps: int = 5) -> dict[str, Any]:
-    """DDP on this rank's GPU over NCCL; the losses and the device."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+from tests.fixtures import gpu_trainers  # noqa: E402 - the GPU tests' DDP function
+from tests.fixtures.gpu_trainers import ddp_steps  # noqa: E402
 
-    dist.init_process_group("nccl")
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(16, 4).to(device), device_ids=[device.index])
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(64, 16, device=device), torch.randn(64, 4, device=device)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    dist.barrier(device_ids=[device.index])
-    dist.destroy_process_group()
-    return {"losses": losses, "device": str(device)}
+cloudpickle.register_pickle_by_value(gpu_trainers)  # the ranks need not import tests/
 
 
 def noop() -> int:
@@ -62,8 +47,8 @@ def noop() -> int:
 
 BARE = """
 import os, sys, json
-sys.path.insert(0, {here!r})
-from bench_gpu_local import ddp_steps
+sys.path.insert(0, {root!r})
+from tests.fixtures.gpu_trainers import ddp_steps
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT={port!r}, RANK="0", WORLD_SIZE="1",
                   LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 print("RESULT " + json.dumps(ddp_steps()))
@@ -80,7 +65,7 @@ def _bare(port: int) -> float:
 
     began = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", BARE.format(here=str(HERE), port=str(port))],
+        [sys.executable, "-c", BARE.format(root=str(ROOT), port=str(port))],
         capture_output=True,
         text=True,
         timeout=300,
