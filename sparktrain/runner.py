@@ -139,18 +139,19 @@ class SparkRunner:
             )
         return session
 
-    def _resolve(self, session: Any, conf: Any = None) -> RunConfig:
+    def _resolve(self, session: Any, conf: Any) -> RunConfig:
+        """The run's settings; ``conf`` is a Connect session's conf as read for this call."""
         if session is None:
             return self.config
         if is_connect(session):
-            found = sparktrain_conf(session_conf(session) if conf is None else conf, conf_keys())
-            return RunConfig.resolve(self.np, self._overrides, spark_conf=found)
-        conf = {
-            k: v
-            for k, v in session.sparkContext.getConf().getAll()
-            if k.startswith("spark.sparktrain.")
-        }
-        return RunConfig.resolve(self.np, self._overrides, spark_conf=conf)
+            found = sparktrain_conf(conf, conf_keys())
+        else:
+            found = {
+                k: v
+                for k, v in session.sparkContext.getConf().getAll()
+                if k.startswith("spark.sparktrain.")
+            }
+        return RunConfig.resolve(self.np, self._overrides, spark_conf=found)
 
     def run(
         self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any

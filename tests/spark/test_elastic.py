@@ -108,9 +108,8 @@ def test_lost_executor_goes_on_smaller_then_grows_back_at_a_checkpoint(
     assert "elastic run np=(1, 2): 2 ranks (was 1): grow from 1 to 2" in caplog.text
 
 
-@pytest.mark.timeout(
-    480, func_only=True
-)  # a start (RANKS_START) and the failure (180 s) on a busy machine
+# A start (RANKS_START) and the failure (180 s) on a busy machine.
+@pytest.mark.timeout(480, func_only=True)
 def test_min_larger_than_what_is_left_fails_after_capacity_wait(spark, take_executor, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()

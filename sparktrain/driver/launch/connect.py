@@ -243,7 +243,8 @@ def _column(frame: Any, name: str) -> list[bytes]:
     to_table = getattr(frame, "_to_table", None)
     if not callable(to_table):
         return [row[name] for row in frame.collect()]
-    return [bytes(value) for value in to_table()[0].column(name).to_pylist()]
+    values: list[bytes] = to_table()[0].column(name).to_pylist()
+    return values
 
 
 def _failed_record(failure: dict[str, Any] | None) -> dict[str, Any]:
