@@ -140,17 +140,14 @@ class SparkRunner:
         return session
 
     def _resolve(self, session: Any, conf: Any) -> RunConfig:
-        """The run's settings; ``conf`` is a Connect session's conf as read for this call."""
+        """The run's settings; ``conf`` is the session's conf as read for this call
+        (:func:`_call_conf`)."""
         if session is None:
             return self.config
         if is_connect(session):
             found = sparktrain_conf(conf, conf_keys())
         else:
-            found = {
-                k: v
-                for k, v in session.sparkContext.getConf().getAll()
-                if k.startswith("spark.sparktrain.")
-            }
+            found = {k: v for k, v in conf.getAll() if k.startswith("spark.sparktrain.")}
         return RunConfig.resolve(self.np, self._overrides, spark_conf=found)
 
     def run(
@@ -237,8 +234,8 @@ class SparkRunner:
         else:
             check_call(fn, args, kwargs)
         session = None if self.config.local else self._session()
-        # A Connect session's conf is read once for the call (each read is a round trip).
-        conf = session_conf(session) if session is not None and is_connect(session) else None
+        # The session's conf is read once for the call (from Connect, each read is a round trip).
+        conf = _call_conf(session)
         config = self._resolve(session, conf)
         per_task = check_run(session, config, all_ranks, conf)
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
@@ -359,6 +356,17 @@ class SparkRunner:
     def attempts(self) -> list[AttemptRecord]:
         """The last run's attempts (``last_run.attempts``), each with its cause and phases."""
         return self.last_run.attempts if self.last_run is not None else []
+
+
+def _call_conf(session: Any) -> Any:
+    """The conf of ``session`` that one call reads: a Connect session's snapshot (see
+    :func:`~sparktrain.driver.launch.connect.session_conf`), a classic one's SparkConf, or
+    None without a session."""
+    if session is None:
+        return None
+    if is_connect(session):
+        return session_conf(session)
+    return session.sparkContext.getConf()
 
 
 class HorovodRunner(SparkRunner):

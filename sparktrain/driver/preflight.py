@@ -17,7 +17,6 @@ from typing import Any
 from sparktrain.backends import get_backend
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.elastic import check_elastic
-from sparktrain.driver.launch.connect import is_connect
 from sparktrain.errors import ConfigurationError
 from sparktrain.shipping import kept
 
@@ -134,7 +133,7 @@ def ranks_per_task(conf: Any, config: RunConfig) -> int:
     return k
 
 
-def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any = None) -> int:
+def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any) -> int:
     """Every check of a run that costs nothing, before its function is pickled: the
     settings against each other, the backend, the application's conf, an elastic range.
 
@@ -142,8 +141,9 @@ def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any = None
         session: the run's SparkSession (classic or Connect), or None for a driver-local run.
         config: the run's resolved settings.
         all_ranks: every rank's value is to come back (``run_all``).
-        conf: the session's conf as already read for this run (anything with
-            ``get(key, default)``), or None to read it here.
+        conf: the session's conf as read for this run (anything with ``get(key,
+            default)``: a classic session's SparkConf, a Connect session's snapshot), or None
+            without a session.
 
     Returns:
         The ranks each Spark task runs (one per GPU of the task; 1 without Spark).
@@ -156,9 +156,6 @@ def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any = None
     get_backend(config.backend).check(config)
     per_task = 1
     if session is not None:
-        if conf is None:
-            # A Connect session has no SparkContext: its runtime conf answers the same keys.
-            conf = session.conf if is_connect(session) else session.sparkContext.getConf()
         check_application(conf, config)
         per_task = ranks_per_task(conf, config)
         if config.elastic is not None:
