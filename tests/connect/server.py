@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -114,6 +116,11 @@ def connect_server(
         yield f"sc://127.0.0.1:{port}"
     finally:
         _stop(proc)
+        # conf/gpu-discovery.sh hands out fake GPU ids under a folder named after the JVM
+        # (spark-submit execs it: the process started here).
+        shutil.rmtree(
+            Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{proc.pid}", ignore_errors=True
+        )
 
 
 @contextlib.contextmanager
