@@ -9,7 +9,6 @@ import pkgutil
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 from sparktrain.config.conf_file import read_conf_file
 from tests import fixtures
-from tests.helpers import time_calls_only
+from tests.helpers import remove_fake_gpus, time_calls_only
 
 pytest_plugins = ["tests.tier_times"]
 if importlib.util.find_spec("xdist") is not None:
@@ -126,10 +125,7 @@ def spark():
         wait_for_executors(session, 2, EXECUTORS_WAIT_S, lambda: _local_executor_logs(session))
         yield session
         session.stop()
-    # conf/gpu-discovery.sh hands out fake GPU ids under a folder named after the JVM.
-    shutil.rmtree(
-        Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{jvm_pid}", ignore_errors=True
-    )
+    remove_fake_gpus(jvm_pid)
 
 
 @pytest.fixture(params=["local", "spark"])

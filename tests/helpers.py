@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -178,3 +180,11 @@ def time_calls_only(config: Any, items: list[Any], chosen: Callable[[Any], bool]
 def under(folder: Path) -> Callable[[Any], bool]:
     """Whether a collected test is in ``folder`` (for :func:`time_calls_only`)."""
     return lambda item: folder in item.path.parents
+
+
+def remove_fake_gpus(jvm_pid: int) -> None:
+    """Remove the folder where conf/gpu-discovery.sh handed out a JVM's fake GPU ids (named
+    after that JVM; the script sweeps those of ended JVMs only when it next runs)."""
+    shutil.rmtree(
+        Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{jvm_pid}", ignore_errors=True
+    )

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import remove_fake_gpus
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # Seconds for the server to listen (14-30 s on a busy 2-core machine; over 190 s seen when
@@ -116,11 +116,7 @@ def connect_server(
         yield f"sc://127.0.0.1:{port}"
     finally:
         _stop(proc)
-        # conf/gpu-discovery.sh hands out fake GPU ids under a folder named after the JVM
-        # (spark-submit execs it: the process started here).
-        shutil.rmtree(
-            Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{proc.pid}", ignore_errors=True
-        )
+        remove_fake_gpus(proc.pid)  # spark-submit execs the JVM: the process started here
 
 
 @contextlib.contextmanager
