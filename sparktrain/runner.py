@@ -17,8 +17,8 @@ from sparktrain.driver.connect_check import ConnectPlan, plan_connect
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.inflight import expect, forget
 from sparktrain.driver.interrupt import plain_ctrl_c
-from sparktrain.driver.launch.connect import is_connect, session_conf, sparktrain_conf
-from sparktrain.driver.preflight import check_run
+from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
+from sparktrain.driver.preflight import call_conf, check_run
 from sparktrain.driver.progress import Progress, quiet_spark_console
 from sparktrain.driver.python_probe import check_executor_python
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
@@ -141,7 +141,7 @@ class SparkRunner:
 
     def _resolve(self, session: Any, conf: Any) -> RunConfig:
         """The run's settings; ``conf`` is the session's conf as read for this call
-        (:func:`_call_conf`)."""
+        (:func:`~sparktrain.driver.preflight.call_conf`)."""
         if session is None:
             return self.config
         if is_connect(session):
@@ -235,7 +235,7 @@ class SparkRunner:
             check_call(fn, args, kwargs)
         session = None if self.config.local else self._session()
         # The session's conf is read once for the call (from Connect, each read is a round trip).
-        conf = _call_conf(session)
+        conf = call_conf(session)
         config = self._resolve(session, conf)
         per_task = check_run(session, config, all_ranks, conf)
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
@@ -356,17 +356,6 @@ class SparkRunner:
     def attempts(self) -> list[AttemptRecord]:
         """The last run's attempts (``last_run.attempts``), each with its cause and phases."""
         return self.last_run.attempts if self.last_run is not None else []
-
-
-def _call_conf(session: Any) -> Any:
-    """The conf of ``session`` that one call reads: a Connect session's snapshot (see
-    :func:`~sparktrain.driver.launch.connect.session_conf`), a classic one's SparkConf, or
-    None without a session."""
-    if session is None:
-        return None
-    if is_connect(session):
-        return session_conf(session)
-    return session.sparkContext.getConf()
 
 
 class HorovodRunner(SparkRunner):

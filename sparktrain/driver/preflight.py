@@ -17,6 +17,7 @@ from typing import Any
 from sparktrain.backends import get_backend
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.elastic import check_elastic
+from sparktrain.driver.launch.connect import is_connect, session_conf
 from sparktrain.errors import ConfigurationError
 from sparktrain.shipping import kept
 
@@ -131,6 +132,17 @@ def ranks_per_task(conf: Any, config: RunConfig) -> int:
             f"{choices}, or set {_TASK_GPUS}=1 for one rank per task"
         )
     return k
+
+
+def call_conf(session: Any) -> Any:
+    """The conf of ``session`` that one call reads: a Connect session's snapshot (see
+    :func:`~sparktrain.driver.launch.connect.session_conf`), a classic one's SparkConf, or
+    None without a session."""
+    if session is None:
+        return None
+    if is_connect(session):
+        return session_conf(session)
+    return session.sparkContext.getConf()
 
 
 def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any) -> int:
