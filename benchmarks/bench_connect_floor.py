@@ -1,0 +1,211 @@
+"""How much of a warm Spark Connect run is Spark Connect's own: the bare stage beside the run.
+
+A warm sparktrain call from a Connect session runs one barrier stage, the same shape as a bare
+``range(0, 2, 1, 2).mapInArrow(f, schema, barrier=True)`` job whose two tasks return one row
+each. This benchmark times that bare job (the floor: no sparktrain in it) and sparktrain's warm
+no-op and gloo + all_reduce ``SparkRunner(np=2)`` calls, from a classic session and from a Connect session, each on
+its own ``local-cluster[2,1,1024]`` (the classic side in one child process, the Connect server
+and its client in another: a Connect client cannot follow a classic session in one process).
+
+With ``--between torchdistributor``, an untimed TorchDistributor no-op runs on the same session
+before each sparktrain call, as in ``bench_launch.py``, whose warm rows interleave the two
+runners: the difference between the two tables is what the peer's call leaves behind.
+
+It prints each cell's median, the Connect / classic ratio of each row, and what sparktrain adds
+above the bare stage on each side, so that a target for the warm Connect call can be set
+against what Spark Connect alone costs on the same machine. Every call's value is checked
+before anything is printed.
+
+Usage::
+
+    python benchmarks/bench_connect_floor.py [--repeats 10] [--between torchdistributor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench_launch import fresh_classic_session  # noqa: E402
+from instruments import rank0_forked, require  # noqa: E402
+
+BARE = "bare barrier stage (2 tasks, Python, 1 row each)"
+NOOP = "sparktrain warm no-op, np=2"
+GLOO = "sparktrain warm gloo + all_reduce, np=2"
+
+
+def noop() -> int:
+    """The run's function: it returns the rank (defined here, so that it travels by value)."""
+    import os
+
+    return int(os.environ["RANK"])
+
+
+def allreduce() -> float:
+    """Initialise gloo and sum rank + 1 over all ranks (3.0 with 2 ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tensor = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(tensor)
+    dist.destroy_process_group()
+    return float(tensor.item())
+
+
+def _one_row(batches: Any) -> Any:
+    import pyarrow as pa
+
+    count = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pydict({"n": [count]})
+
+
+def _bare_stage(spark: Any) -> Callable[[], None]:
+    """The bare job: one barrier ``mapInArrow`` stage of two tasks, its rows fetched."""
+    frame = spark.range(0, 2, 1, 2).mapInArrow(_one_row, "n long", barrier=True)
+
+    def call() -> None:
+        rows = frame.collect()
+        require(sorted(row["n"] for row in rows) == [1, 1], f"bare stage returned {rows}")
+
+    return call
+
+
+def _sparktrain_calls(spark: Any) -> tuple[dict[str, Callable[[], None]], list[bool]]:
+    """Warm sparktrain calls of both functions; the list collects whether each forked rank 0."""
+    from sparktrain import SparkRunner
+
+    runner = SparkRunner(np=2, spark=spark)
+    forked: list[bool] = []
+
+    def call(fn: Callable[[], Any], expected: float) -> Callable[[], None]:
+        def run() -> None:
+            value = runner.run(fn)
+            require(value == expected, f"sparktrain's {fn.__name__} returned {value!r}")
+            forked.append(bool(rank0_forked(runner)))
+
+        return run
+
+    return {NOOP: call(noop, 0), GLOO: call(allreduce, 3.0)}, forked
+
+
+def _peer_call(spark: Any) -> Callable[[], None]:
+    """TorchDistributor's no-op on the same session (run between, never timed)."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    peer = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+
+    def call() -> None:
+        require(peer.run(noop) in (0, 1), "TorchDistributor's no-op did not return a rank")
+
+    return call
+
+
+def _measure(spark: Any, repeats: int, between: str) -> dict[str, Any]:
+    """Every call on ``spark``: two warm-up rounds, then ``repeats`` timed rounds, each round
+    the bare stage and both sparktrain calls; with ``between="torchdistributor"``, an untimed
+    TorchDistributor call before each sparktrain call."""
+    ours, forked = _sparktrain_calls(spark)
+    calls = {BARE: _bare_stage(spark), **ours}
+    peer = _peer_call(spark) if between == "torchdistributor" else None
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_ in range(2 + repeats):
+        if round_ == 2:
+            forked.clear()
+        for name, call in calls.items():
+            if peer is not None and name != BARE:
+                peer()
+            start = time.perf_counter()
+            call()
+            if round_ >= 2:
+                times[name].append(time.perf_counter() - start)
+    return {"times": times, "forked": sum(forked), "calls": len(forked)}
+
+
+def _side(kind: str, repeats: int, between: str) -> None:
+    """One session's measurements, as JSON on stdout's last line."""
+    if kind == "classic":
+        with fresh_classic_session() as spark:
+            result = _measure(spark, repeats, between)
+    else:
+        from tests.connect.server import connect_server, connect_session
+
+        conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+        log = Path(tempfile.mkdtemp(prefix="bench-connect-floor-")) / "server.log"
+        with connect_server("local-cluster[2,1,1024]", conf, log, [str(ROOT)]) as url:
+            with connect_session(url) as session:
+                client: Any = session
+                client.range(2).collect()  # the executors register (no Python runs)
+                result = _measure(client, repeats, between)
+    print(json.dumps(result), flush=True)
+
+
+def _child(kind: str, repeats: int, between: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--side", kind, "--repeats", str(repeats)]
+    command += ["--between", between]
+    # The bare stage's Python workers need this interpreter's pyarrow on the executors.
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    require(
+        done.returncode == 0 and bool(done.stdout.strip()),
+        f"the {kind} side failed (exit {done.returncode}):\n{done.stderr[-4000:]}",
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per cell")
+    parser.add_argument(
+        "--between",
+        choices=("nothing", "torchdistributor"),
+        default="nothing",
+        help="run an untimed TorchDistributor no-op before each sparktrain call, as "
+        "bench_launch.py's interleaving does (default: nothing)",
+    )
+    parser.add_argument("--side", choices=("classic", "connect"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    require(args.repeats >= 1, "--repeats must be at least 1")
+    if args.side:
+        _side(args.side, args.repeats, args.between)
+        return
+    sides = {kind: _child(kind, args.repeats, args.between) for kind in ("classic", "connect")}
+    med = {
+        kind: {name: statistics.median(values) for name, values in side["times"].items()}
+        for kind, side in sides.items()
+    }
+    between = "" if args.between == "nothing" else ", a TorchDistributor call before each"
+    print(f"\nmedians of {args.repeats} warm calls each{between}, seconds")
+    print(f"{'':52} {'classic':>8} {'Connect':>8} {'Connect/classic':>16}")
+    for name in (BARE, NOOP, GLOO):
+        classic, connect = med["classic"][name], med["connect"][name]
+        print(f"{name:52} {classic:8.3f} {connect:8.3f} {connect / classic:15.2f}x")
+    above = {kind: med[kind][NOOP] - med[kind][BARE] for kind in med}
+    print(f"{'no-op above the bare stage':52} {above['classic']:8.3f} {above['connect']:8.3f}")
+    print(
+        "\nrank 0 forked from a zygote: "
+        + ", ".join(f"{kind} {side['forked']}/{side['calls']}" for kind, side in sides.items())
+    )
+    target = 1.5 * med["classic"][NOOP]
+    print(
+        f"a warm Connect no-op within 1.5x of classic must take <= {target:.3f} s; "
+        f"the bare Connect stage alone takes {med['connect'][BARE]:.3f} s "
+        f"({med['connect'][BARE] / target:.0%} of that)"
+    )
+
+
+if __name__ == "__main__":
+    main()
