@@ -38,31 +38,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_launch import fresh_classic_session  # noqa: E402
+import bench_launch  # noqa: E402
+import cloudpickle  # noqa: E402
+from bench_launch import allreduce, fresh_classic_session, noop  # noqa: E402
 from instruments import rank0_forked, require  # noqa: E402
 
 BARE = "bare barrier stage (2 tasks, Python, 1 row each)"
 NOOP = "sparktrain warm no-op, np=2"
 GLOO = "sparktrain warm gloo + all_reduce, np=2"
 
-
-def noop() -> int:
-    """The run's function: it returns the rank (defined here, so that it travels by value)."""
-    import os
-
-    return int(os.environ["RANK"])
-
-
-def allreduce() -> float:
-    """Initialise gloo and sum rank + 1 over all ranks (3.0 with 2 ranks)."""
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    tensor = torch.ones(1) * (dist.get_rank() + 1)
-    dist.all_reduce(tensor)
-    dist.destroy_process_group()
-    return float(tensor.item())
+# The functions the runs call travel by value: bench_launch is not importable on the executors.
+cloudpickle.register_pickle_by_value(bench_launch)
 
 
 def _one_row(batches: Any) -> Any:
