@@ -3,8 +3,8 @@
 A warm sparktrain call from a Connect session runs one barrier stage, the same shape as a bare
 ``range(0, 2, 1, 2).mapInArrow(f, schema, barrier=True)`` job whose two tasks return one row
 each. This benchmark times that bare job (the floor: no sparktrain in it) and sparktrain's warm
-no-op and gloo + all_reduce ``SparkRunner(np=2)`` calls, from a classic session and from a Connect session, each on
-its own ``local-cluster[2,1,1024]`` (the classic side in one child process, the Connect server
+no-op and gloo + all_reduce ``SparkRunner(np=2)`` calls, from a classic session and from a
+Connect session, each on its own ``local-cluster[2,1,1024]`` (the classic side in one child process, the Connect server
 and its client in another: a Connect client cannot follow a classic session in one process).
 
 With ``--between torchdistributor``, an untimed TorchDistributor no-op runs on the same session
@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import bench_launch  # noqa: E402
 import cloudpickle  # noqa: E402
-from bench_launch import allreduce, fresh_classic_session, noop  # noqa: E402
+from bench_launch import allreduce, fresh_classic_session, fresh_connect_session, noop  # noqa: E402
 from instruments import rank0_forked, require  # noqa: E402
 
 BARE = "bare barrier stage (2 tasks, Python, 1 row each)"
@@ -126,15 +125,8 @@ def _side(kind: str, repeats: int, between: str) -> None:
         with fresh_classic_session() as spark:
             result = _measure(spark, repeats, between)
     else:
-        from tests.connect.server import connect_server, connect_session
-
-        conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
-        log = Path(tempfile.mkdtemp(prefix="bench-connect-floor-")) / "server.log"
-        with connect_server("local-cluster[2,1,1024]", conf, log, [str(ROOT)]) as url:
-            with connect_session(url) as session:
-                client: Any = session
-                client.range(2).collect()  # the executors register (no Python runs)
-                result = _measure(client, repeats, between)
+        with fresh_connect_session("bench-connect-floor-") as spark:
+            result = _measure(spark, repeats, between)
     print(json.dumps(result), flush=True)
 
 

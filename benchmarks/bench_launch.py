@@ -332,6 +332,26 @@ def fresh_classic_session() -> Iterator[Any]:
         spark.stop()
 
 
+@contextlib.contextmanager
+def fresh_connect_session(prefix: str = "bench-connect-") -> Iterator[Any]:
+    """A Connect client of a new Connect server on new local-cluster executors (no Python
+    worker, no zygote yet); the server's log is kept in a new ``prefix*`` folder."""
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from tests.connect.server import connect_server, connect_session
+
+    conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    log = Path(tempfile.mkdtemp(prefix=prefix)) / "server.log"
+    with connect_server("local-cluster[2,1,1024]", conf, log, [str(root)]) as url:
+        with connect_session(url) as spark:
+            session: Any = spark
+            session.range(2).collect()  # the executors register (no Python runs)
+            yield session
+
+
 def both_runners(
     name: str,
     where: str,
@@ -527,28 +547,18 @@ def _connect_rows(
 ) -> list[Row]:
     """The two functions from a Spark Connect session, through both runners; each function on
     a fresh Connect server (its own executors), so that its cold call is cold."""
-    import tempfile
-    from pathlib import Path
 
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from sparktrain import SparkRunner
 
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
-    from tests.connect.server import connect_server, connect_session
-
-    conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
     rows: list[Row] = []
     for name in ("no-op", "gloo + all_reduce"):
-        log = Path(tempfile.mkdtemp(prefix="bench-connect-")) / "server.log"
-        with connect_server("local-cluster[2,1,1024]", conf, log, [str(root)]) as url:
-            with connect_session(url) as spark:
-                spark.range(2).collect()  # the executors register (no Python runs)
-                ours = SparkRunner(np=2, spark=spark)
-                peer = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-                cells = both_runners(name, "2 executors, Connect", ours, peer, repeats, breakdowns)
-                rows.append((name, "2 executors, Connect", *cells))
+        with fresh_connect_session() as spark:
+            ours = SparkRunner(np=2, spark=spark)
+            peer = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+            cells = both_runners(name, "2 executors, Connect", ours, peer, repeats, breakdowns)
+            rows.append((name, "2 executors, Connect", *cells))
     return rows
 
 
