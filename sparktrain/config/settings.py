@@ -121,7 +121,9 @@ class RunConfig:
         "capacityWait",
         "duration",
         "how long a freshly started session may take to register executors before a run is "
-        "refused for lack of task slots.",
+        "refused for lack of task slots; where the application's settings give it the slots, "
+        "how long a run waits for the executors still missing (again after each that "
+        "registers).",
         check=duration(),
     )
     queue_wait: float | None = setting(

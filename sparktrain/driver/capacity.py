@@ -138,8 +138,11 @@ def check_capacity(
     ``n = np / k`` slots.
 
     A session that started less than ``wait`` seconds ago may still be registering executors,
-    so it gets until then; an older one is judged at once. ``since`` (epoch seconds) moves
-    that start, e.g. to when a restart found executors lost.
+    so it gets until then; an older one is judged at once, unless the application's settings
+    give it the slots (then those missing are still starting: a busy host can take longer than
+    ``wait`` to hand over a new session, so the run waits up to ``wait`` from its own start).
+    Each executor that registers meanwhile starts that wait again. ``since`` (epoch seconds)
+    moves the start, e.g. to when a restart found executors lost.
 
     Where the application's settings bound how many tasks it can ever run at once (see
     :func:`most_slots`) and np is over that, it is refused at once, however young the session.
@@ -163,11 +166,24 @@ def check_capacity(
             "application"
         )
     ceiling = most_slots(sc.master, conf)
+    # The application's own settings give it slots enough: those missing are still coming.
+    promised = ceiling is not None and ceiling[0] >= n
+    began = time.time()
     deadline = (since if since is not None else sc.startTime / 1000.0) + wait
+    if promised and since is None:
+        # A busy host can take longer than capacity_wait to bring a new session up (its start
+        # time is set when the context begins, not when the caller gets it), so a run that
+        # finds promised executors missing gets the whole wait from now.
+        deadline = max(deadline, began + wait)
     busy_deadline: float | None = None
     told_registering = False
+    seen = -1
     while True:
         total = total_slots(sc)
+        if promised and seen >= 0 and total > seen:
+            # Another executor registered: they are still coming; the wait starts again.
+            deadline = max(deadline, time.time() + wait)
+        seen = total
         # The other runs' tasks are among the busy ones once Spark runs them.
         busy = max(busy_slots(sc), held)
         if total - busy >= n:
@@ -226,6 +242,18 @@ def check_capacity(
     per_task = f"spark.task.cpus={task_cpus}" + (
         f", spark.task.resource.gpu.amount={gpus}" if gpus else ""
     )
+    if promised and since is None:
+        assert ceiling is not None
+        most, how = ceiling
+        lower = f", or lower np to {total * k} or less" if total > 0 else ""
+        raise CapacityError(
+            f"{need} needs {n} task slots at once (barrier mode). This application's settings "
+            f"give it {most} ({how}), but the cluster has {total} after waiting "
+            f"{time.time() - began:.0f}s: the executors missing are still starting (a busy "
+            "host can take minutes) or cannot start (see their logs, e.g. the Spark UI's "
+            f"Executors tab). Raise capacity_wait ({conf_key('capacity_wait')}, now "
+            f"{wait:g}s){lower}."
+        )
     lower = f"Lower np to {total * k} or less, or add" if total > 0 else "Add"
     raise CapacityError(
         f"{need} needs {n} task slots at once (barrier mode), but the cluster has {total} "

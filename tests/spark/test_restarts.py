@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,6 +172,42 @@ def test_lost_executor_restarts_on_replacement(tmp_path):
     assert "sparktrain: attempt 1/3 failed" in proc.stderr
     log = epoch_log(tmp_path / "logs")
     assert log == [(0, 0, 0), (0, 1, 5), (0, 2, 10), (1, 2, 10), (1, 3, 15)]
+
+
+@pytest.mark.spark
+def test_a_run_waits_for_the_replacement_of_an_executor_lost_between_runs(spark, caplog):
+    """An executor dies between two runs (SIGKILL of its JVM): the next run, on a session
+    older than capacity_wait, waits for the replacement its settings promise (local-cluster
+    [2,1,1024] starts one) and runs, rather than refusing np=2 because 1 slot is left."""
+
+    def executor_jvm(_: int) -> int:
+        import psutil
+
+        for parent in psutil.Process().parents():
+            if any("CoarseGrainedExecutorBackend" in part for part in parent.cmdline()):
+                return int(parent.pid)
+        raise RuntimeError("not under a Spark executor")
+
+    sc = spark.sparkContext
+    jsc = sc._jsc.sc()
+
+    def executor_ids() -> set[str]:
+        return set(filter(None, jsc.getExecutorIds().mkString(",").split(",")))
+
+    before = executor_ids()
+    [jvm] = sc.parallelize([0], 1).map(executor_jvm).collect()
+    os.kill(jvm, signal.SIGKILL)
+    # The driver has seen the loss once that executor's id is gone (a new one starts in
+    # seconds: a JVM that must load Spark and register).
+    wait_for(lambda: not before <= executor_ids(), 60, "the executor's loss seen")
+    age = time.time() - sc.startTime / 1000.0
+    # Shorter than the session's age: before the runner counted the wait from the run's own
+    # start, a session this old was judged at once, with whatever had registered by then.
+    capacity_wait = max(min(age - 1.0, 240.0), 1.0)
+    with caplog.at_level(logging.INFO, logger="sparktrain"):
+        result = SparkRunner(np=2, spark=spark, capacity_wait=capacity_wait).run(lambda: 42)
+    assert result == 42
+    assert "np=2 needs 2 task slots at once and the cluster has 1 so far" in caplog.text
 
 
 def test_resume_demo_from_the_readme(capsys, caplog, tmp_path):

@@ -428,6 +428,53 @@ def test_np_within_the_bound_still_waits_for_executors_to_register() -> None:
     assert sc.slot_calls == 3
 
 
+def test_executors_the_settings_promise_are_waited_for_however_old_the_session(
+    caplog: pytest.LogCaptureFixture, clock: FakeClock
+) -> None:
+    # On a busy host a new session can reach the caller more than capacity_wait after its
+    # start time with one executor still registering (measured: 71 s beside 16 spinning
+    # processes on 2 cores). Its settings give it 2 executors: the missing one is coming.
+    answers = iter([1, 1, 1, 2])
+    sc = FakeSc(slots=lambda: next(answers, 2), age=90.0, master="local-cluster[2,1,1024]")
+    with caplog.at_level(logging.INFO, logger="sparktrain"):
+        check_capacity(sc, 2, wait=60)
+    assert sc.slot_calls == 4 and clock.sleeps == [capacity.POLL_INTERVAL] * 3
+    assert "the cluster has 1 so far; waiting up to 60s" in caplog.text
+
+
+def test_each_executor_that_registers_starts_the_wait_again(clock: FakeClock) -> None:
+    start = clock.now
+
+    def registered() -> int:  # one executor 50 s in, the second 100 s in
+        return sum(clock.now - start >= t for t in (50.0, 100.0))
+
+    sc = FakeSc(slots=registered, age=0.0, master="local-cluster[2,1,1024]")
+    check_capacity(sc, 2, wait=60)
+    assert 100.0 <= clock.waited() < 100.0 + 2 * capacity.POLL_INTERVAL
+
+
+def test_promised_executors_that_do_not_come_are_refused_saying_why(clock: FakeClock) -> None:
+    sc = FakeSc(slots=1, age=90.0, master="local-cluster[2,1,1024]")
+    with pytest.raises(CapacityError) as info:
+        check_capacity(sc, 2, wait=60)
+    assert 60.0 <= clock.waited() < 60.0 + 2 * capacity.POLL_INTERVAL  # from the run's start
+    message = str(info.value)
+    assert "np=2 needs 2 task slots at once (barrier mode)" in message
+    assert "settings give it 2 (local-cluster[2,1,1024]: 2 executor(s) x 1 core(s)" in message
+    assert "the cluster has 1 after waiting 60s" in message
+    assert "still starting (a busy host can take minutes) or cannot start" in message
+    assert "Raise capacity_wait (spark.sparktrain.capacityWait, now 60s)" in message
+    assert message.endswith("or lower np to 1 or less.")
+
+
+def test_a_restart_waits_from_when_the_executors_were_lost(clock: FakeClock) -> None:
+    # since: the restart's own clock, which the settings' promise does not move.
+    sc = FakeSc(slots=1, age=3600.0, master="local-cluster[2,1,1024]")
+    with pytest.raises(CapacityError, match="but the cluster has 1 .spark.task.cpus=1"):
+        check_capacity(sc, 2, wait=60, since=clock.now - 50.0)
+    assert 10.0 <= clock.waited() < 10.0 + 2 * capacity.POLL_INTERVAL
+
+
 def test_slots_held_by_other_runs_of_this_process_refuse_at_once() -> None:
     """Another run of this process holds 3 of 4 slots, its tasks not started by Spark yet (no
     busy stage): a run of np=2 cannot fit beside it, and is told so without waiting."""
