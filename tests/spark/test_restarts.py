@@ -180,6 +180,9 @@ def test_a_run_waits_for_the_replacement_of_an_executor_lost_between_runs(spark,
     older than capacity_wait, waits for the replacement its settings promise (local-cluster
     [2,1,1024] starts one) and runs, rather than refusing np=2 because 1 slot is left."""
 
+    # Not tests.fixtures.resumable.executor_jvm: an RDD's function goes through pyspark's own
+    # copy of cloudpickle, for which the fixtures are not registered by value, and executors
+    # cannot import the tests package.
     def executor_jvm(_: int) -> int:
         import psutil
 
