@@ -1,7 +1,9 @@
 """Before the first run from a Spark Connect session: can the cluster run it, and how?
 
-One small job (one task) tells the client the executors' Python and package versions, and
-whether they can open a connection to this machine. Versions that differ where pickles cross
+One small job, with as many tasks as the run's stage, tells the client the executors' Python
+and package versions, and whether they can open a connection to this machine. Its tasks start
+the Python workers the stage then reuses, on every executor the stage's tasks land on, at once
+rather than one executor in the probe and the others while the barrier stage waits for them. Versions that differ where pickles cross
 are refused here, with what to change, rather than as an unpickling error in a task. The slot
 check reads the static conf only: a Connect client cannot see executors, their free slots or
 other jobs' tasks (Spark's own barrier check then waits for slots, as it does on a classic
@@ -11,6 +13,7 @@ first stage can wait.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -18,6 +21,7 @@ import re
 import socket
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from sparktrain.config import RunConfig, conf_key
@@ -42,8 +46,8 @@ class ConnectPlan:
 
     Attributes:
         address: where executors reach this client's channel.
-        reachable: whether they can; False runs the tasks detached.
-        executor: what the probe task said of its executor (versions, host).
+        reachable: whether they can (every probe task could); False runs the tasks detached.
+        executor: what the first probe task said of its executor (versions, host).
         slots: the task slots the session's conf promises, or None when it cannot say; the
             runs of this process on the same server take turns within them.
     """
@@ -157,13 +161,15 @@ def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> Co
     """
     slots = check_slots(session, config.world_size, ranks_per_task)
     advertise = config.client_address or client_address(session)
+    tasks = probe_tasks(config, slots, ranks_per_task)
     with socket.socket(_family(advertise), socket.SOCK_STREAM) as listener:
         listener.bind((listen_address(advertise, _any(advertise)), 0))
-        listener.listen(8)
+        listener.listen(max(64, tasks))
         port = listener.getsockname()[1]
-        executor = _probe(session, f"{advertise}:{port}", config.start_timeout)
+        with _accepting(listener):
+            found = _probe(session, f"{advertise}:{port}", config.start_timeout, tasks)
     mine = versions()
-    different = mismatches(mine, executor)
+    different = list(dict.fromkeys(line for each in found for line in mismatches(mine, each)))
     if different:
         raise ConfigurationError(
             "the executors' Python and packages must match this client's where pickles cross ("
@@ -171,7 +177,9 @@ def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> Co
             + "): install the same versions on both sides (spark.pyspark.python names the "
             "executors' interpreter)"
         )
-    reached = executor.get("reached", "no") == "yes"
+    executor = found[0]
+    unreached = [each for each in found if each.get("reached", "no") != "yes"]
+    reached = not unreached
     if config.client_reachable is not None:
         reachable = config.client_reachable
     else:
@@ -183,11 +191,35 @@ def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> Co
                 "executors write and this client reads to see the ranks' output, or %s to an "
                 "address they can reach",
                 advertise,
-                executor.get("reached"),
+                unreached[0].get("reached") if unreached else "",
                 conf_key("log_dir"),
                 conf_key("client_address"),
             )
     return ConnectPlan(address=advertise, reachable=reachable, executor=executor, slots=slots)
+
+
+@contextlib.contextmanager
+def _accepting(listener: socket.socket) -> Iterator[None]:
+    """Accept and close the probe tasks' connections while the block runs, so that however
+    many tasks connect at once none waits on a full backlog and is taken for unreachable."""
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the timeout, or the listener closed
+                continue
+            conn.close()
+
+    thread = threading.Thread(target=accept, name="sparktrain-connect-reach", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _family(address: str) -> socket.AddressFamily:
@@ -198,8 +230,15 @@ def _any(address: str) -> str:
     return "::" if ":" in address else "0.0.0.0"
 
 
-def _probe(session: Any, address: str, timeout: float) -> dict[str, str]:
-    """Run the probe job (one task), within ``timeout`` seconds."""
+def probe_tasks(config: RunConfig, slots: int | None, ranks_per_task: int = 1) -> int:
+    """How many tasks the probe job runs: the run's stage's, within the slots the conf gives."""
+    tasks = max(1, config.world_size // ranks_per_task)
+    return tasks if slots is None else max(1, min(tasks, slots))
+
+
+def _probe(session: Any, address: str, timeout: float, tasks: int = 1) -> list[dict[str, str]]:
+    """Run the probe job (``tasks`` tasks, not a barrier), within ``timeout`` seconds; what
+    each task said of its executor."""
     tag = f"sparktrain-probe-{uuid.uuid4().hex[:12]}"
     result: dict[str, Any] = {}
     finished = threading.Event()
@@ -208,8 +247,8 @@ def _probe(session: Any, address: str, timeout: float) -> dict[str, str]:
         session.addTag(tag)
         try:
             task = functools.partial(probe_task, address, REACH_TIMEOUT)
-            rows = session.range(0, 1, 1, 1).mapInArrow(task, "probe string").collect()
-            result["found"] = json.loads(rows[0]["probe"])
+            frame = session.range(0, tasks, 1, tasks).mapInArrow(task, "probe string")
+            result["found"] = [json.loads(row["probe"]) for row in frame.collect()]
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             result["error"] = exc
         finally:
@@ -223,7 +262,7 @@ def _probe(session: Any, address: str, timeout: float) -> dict[str, str]:
     if not finished.wait(timeout + REACH_TIMEOUT):
         session.interruptTag(tag)
         raise ConfigurationError(
-            f"the cluster did not run a one-task probe job within {timeout:g}s "
+            f"the cluster did not run the {tasks}-task probe job within {timeout:g}s "
             f"({conf_key('start_timeout')}): check that it has executors"
         )
     error = result.get("error")
@@ -237,7 +276,7 @@ def _probe(session: Any, address: str, timeout: float) -> dict[str, str]:
         raise ConfigurationError(
             f"the probe job before the run failed: {describe_spark_error(error)}"
         ) from error
-    return dict(result["found"])
+    return [dict(each) for each in result["found"]]
 
 
 def _first(text: str) -> str:

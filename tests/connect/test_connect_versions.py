@@ -31,15 +31,21 @@ def test_other_torch_on_the_executors_is_refused_before_training(connect, tmp_pa
 
 
 def test_matching_versions_pass_and_the_probe_runs_once_per_session(connect, monkeypatch):
-    probes: list[str] = []
+    probes: list[list[dict[str, str]]] = []
     real = connect_check._probe
 
     def counted(*args, **kwargs):
-        probes.append("probe")
-        return real(*args, **kwargs)
+        found = real(*args, **kwargs)
+        probes.append(found)
+        return found
 
     monkeypatch.setattr(connect_check, "_probe", counted)
     runner = SparkRunner(np=2, spark=connect)
     assert runner.run(lambda: 7) == 7
     assert runner.run(lambda: 8) == 8
-    assert probes == ["probe"]
+    assert len(probes) == 1
+    # One probe task per task of the stage, at once: each executor's Python worker (so a
+    # process of its own) started and reached the client before the barrier stage.
+    found = probes[0]
+    assert [each["reached"] for each in found] == ["yes", "yes"]
+    assert len({each["pid"] for each in found}) == 2

@@ -100,3 +100,89 @@ def test_sparktrain_conf_reads_only_our_keys(get_all):
     assert conf.get("spark.master", None) == "local[2]" and conf.get("x", "d") == "d"
     found = sparktrain_conf(conf, ["spark.sparktrain.timeout"])
     assert found == {"spark.sparktrain.timeout": "5m"}
+
+
+@pytest.mark.parametrize(
+    "np, slots, per_task, tasks", [(4, None, 1, 4), (4, 2, 1, 2), (4, None, 2, 2), (1, 8, 1, 1)]
+)
+def test_the_probe_runs_the_stages_tasks_within_the_promised_slots(np, slots, per_task, tasks):
+    from sparktrain.config import RunConfig
+    from sparktrain.driver.connect_check import probe_tasks
+
+    assert probe_tasks(RunConfig(np=np), slots, per_task) == tasks
+
+
+def probed(monkeypatch, found):
+    """plan_connect on a local-cluster[2,1,1024] session whose probe tasks say ``found``."""
+    from sparktrain.config import RunConfig
+    from sparktrain.driver import connect_check
+
+    asked = []
+
+    def probe(session, address, timeout, tasks):
+        asked.append(tasks)
+        return [dict(each) for each in found]
+
+    monkeypatch.setattr(connect_check, "_probe", probe)
+    session = FakeSession(FakeConf({"spark.master": "local-cluster[2,1,1024]"}))
+    plan = connect_check.plan_connect(session, RunConfig(np=2, client_address="127.0.0.1"))
+    assert asked == [2]
+    return plan
+
+
+def test_a_run_is_detached_when_any_probe_task_cannot_reach_the_client(monkeypatch, caplog):
+    import logging
+
+    from sparktrain.task.connect import versions
+
+    ok = versions() | {"reached": "yes", "pid": "1"}
+    lost = versions() | {"reached": "no: timed out", "pid": "2"}
+    assert probed(monkeypatch, [ok, ok]).reachable
+    with caplog.at_level(logging.WARNING, logger="sparktrain"):
+        plan = probed(monkeypatch, [ok, lost])
+    assert not plan.reachable
+    assert "executors cannot reach this client at 127.0.0.1 (no: timed out)" in caplog.text
+
+
+def test_a_version_any_probe_task_differs_in_is_named_once(monkeypatch):
+    from sparktrain.errors import ConfigurationError
+    from sparktrain.task.connect import versions
+
+    ok = versions() | {"reached": "yes"}
+    other = ok | {"torch": "1.0.0"}
+    with pytest.raises(ConfigurationError) as info:
+        probed(monkeypatch, [ok, other, other])
+    message = str(info.value)
+    assert message.count(f"torch: client {versions()['torch']}, executors 1.0.0") == 1
+
+
+def test_the_reach_listener_answers_every_task_connecting_at_once():
+    """However many probe tasks connect at once, none is left on a full backlog (it would time
+    out and be taken for unreachable)."""
+    import socket
+    import threading
+
+    from sparktrain.driver.connect_check import REACH_TIMEOUT, _accepting
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        address = listener.getsockname()
+        reached: list[bool] = []
+        start = threading.Barrier(100)
+
+        def task() -> None:
+            start.wait()
+            try:
+                with socket.create_connection(address, timeout=REACH_TIMEOUT):
+                    reached.append(True)
+            except OSError:
+                reached.append(False)
+
+        with _accepting(listener):
+            threads = [threading.Thread(target=task) for _ in range(100)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    assert reached.count(True) == 100
