@@ -38,7 +38,8 @@ from sparktrain.task.rank_outcomes import (
     record,
     with_stack,
 )
-from sparktrain.task.zygotes import zygote_for
+from sparktrain.task.zygote_share import Key
+from sparktrain.task.zygotes import LOAD_WAIT, import_key, zygote_for
 from sparktrain.wire import protocol
 
 # Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task: called
@@ -195,8 +196,13 @@ class ProcessLauncher(RankLauncher):
             if shared is None:
                 return [record(r, "stopped") for r in mine]
             with self.session.workdir() as workdir:
-                procs = {r.rank: self._spawn(spec, r, backend, shared, workdir) for r in mine}
-                return self._supervise(mine, procs, workdir)
+                cold: dict[Key, tuple[dict[str, str], str]] = {}
+                procs = {r.rank: self._spawn(spec, r, backend, shared, workdir, cold) for r in mine}
+                records = self._supervise(mine, procs, workdir)
+            for env, cwd in cold.values():
+                # Only now, so that it does not load beside the cold ranks (see zygotes).
+                zygote_for(env, cwd, shared=self.session.in_executor)
+            return records
         finally:
             if holds_rank0:
                 backend.teardown()
@@ -208,10 +214,21 @@ class ProcessLauncher(RankLauncher):
         backend: Backend,
         shared: Mapping[str, str],
         workdir: Path,
+        cold: dict[Key, tuple[dict[str, str], str]],
     ) -> RankProcess:
+        """Start one rank: forked from its environment's zygote, waiting for one that is
+        loading, else cold (its environment is then added to ``cold``, whose zygotes the
+        caller starts once the ranks have ended)."""
         asked = time.time()
         env = worker_env(self.session, spec, rank, backend, shared, workdir)
         cwd = self.session.cwd
+        zygote = None
+        if self.config.warm_start:
+            zygote = zygote_for(
+                env, cwd, wait=LOAD_WAIT, shared=self.session.in_executor, start=False
+            )
+            if zygote is None:
+                cold.setdefault(import_key(env, cwd), (env, cwd))
         proc = RankProcess(
             rank.rank,
             [sys.executable, "-m", "sparktrain.worker"],
@@ -220,11 +237,7 @@ class ProcessLauncher(RankLauncher):
             on_line=self.session.log,
             on_exit=self.session.on_exit,
             dumps_stacks=True,
-            zygote=(
-                zygote_for(env, cwd, shared=self.session.in_executor)
-                if self.config.warm_start
-                else None
-            ),
+            zygote=zygote,
         )
         proc.spawn_time = asked  # a zygote that had to load first counts in the start
         self.session.started(rank, proc.pid)

@@ -1,10 +1,14 @@
 """Warm starts: ranks forked from a process that already imported torch and sparktrain.
 
 The first run of a task's Python process starts its ranks cold, as new interpreters, and
-beside them a zygote (:mod:`sparktrain.worker.zygote`) with their environment, less the
-variables read only once a rank runs; each rank of the later runs with the same environment
-is forked from it, ready in milliseconds instead of the seconds a new interpreter spends
-importing torch. A rank whose environment
+once they have ended a zygote (:mod:`sparktrain.worker.zygote`) with their environment, less
+the variables read only once a rank runs; each rank of the later runs with the same
+environment is forked from it, ready in milliseconds instead of the seconds a new interpreter
+spends importing torch. The zygote loads after the cold ranks, not beside them: loading
+torch beside them would take the CPU they need for their own imports and first steps (on a
+2-core host it doubled the time a cold rank took to import torch), and a rank that finds its
+zygote still loading waits for it (up to :data:`LOAD_WAIT`), which is never slower than a new
+interpreter importing the same modules beside it. A rank whose environment
 differs on any other variable (another ``OMP_NUM_THREADS``, a new ``PYTHONPATH``) gets a
 zygote of its own.
 
@@ -57,6 +61,10 @@ MAX_ZYGOTES = 2
 # Seconds to wait for a zygote another worker of this executor started to answer (it has
 # loaded, so it answers at once unless the machine is starved).
 JOIN_WAIT = 10.0
+# Seconds a rank waits for its zygote to finish loading before it starts cold instead (and
+# that zygote is given up): loading takes what a new interpreter's imports take, so only a
+# stuck zygote reaches this.
+LOAD_WAIT = 60.0
 
 # Variables other jobs' tasks leave in a reused Python worker and that only their own code
 # reads, at run time (TorchDistributor's per-call rendezvous id and input files).
@@ -306,14 +314,20 @@ def _make_room() -> bool:
     return len(_zygotes) < MAX_ZYGOTES
 
 
-def _open(env: Mapping[str, str], cwd: str, key: Key, shared: bool) -> Zygote | None:
-    """This executor's zygote for ``key`` when one answers, else a new one (lock held)."""
+def _open(
+    env: Mapping[str, str], cwd: str, key: Key, shared: bool, start: bool = True
+) -> Zygote | None:
+    """This executor's zygote for ``key`` when one answers, else a new one when ``start``
+    (lock held)."""
     anchor = os.getppid()
     path = share_path(key, anchor) if shared and anchor > 1 and hasattr(os, "pidfd_open") else None
     try:
         if path is not None:
             with contextlib.suppress(OSError):
                 return Zygote.join(path, key)
+        if not start:
+            return None
+        if path is not None:
             with contextlib.suppress(OSError):  # no pidfds here (an old kernel, a sandbox)
                 pidfd = os.pidfd_open(anchor)
                 try:
@@ -327,18 +341,24 @@ def _open(env: Mapping[str, str], cwd: str, key: Key, shared: bool) -> Zygote | 
 
 
 def zygote_for(
-    env: Mapping[str, str], cwd: str, wait: float = 0.0, shared: bool = False
+    env: Mapping[str, str],
+    cwd: str,
+    wait: float = 0.0,
+    shared: bool = False,
+    start: bool = True,
 ) -> Zygote | None:
-    """A loaded zygote for ranks with ``env`` in ``cwd``; one is started if none fits.
-
-    A rank does not wait for a zygote to load (unless ``wait`` says how long it may): the
-    first run of an environment starts its ranks cold while its zygote loads beside them,
-    and the runs after it fork.
+    """A loaded zygote for ranks with ``env`` in ``cwd``; one is started if none fits and
+    ``start`` says so.
 
     Args:
+        wait: how long to wait for a zygote that is still loading; 0 does not wait (it will
+            serve a later call). One not loaded after a ``wait`` above 0 is given up: this
+            process's ranks of that environment start cold from then on.
         shared: this process is a Spark executor's Python worker: a zygote of the executor
             (another worker started it) is used where one answers, and one started here
             serves the executor's later workers too, until the executor ends.
+        start: start one when none fits (a launcher asks for that once its cold ranks have
+            ended, so that it does not load beside them).
 
     Returns:
         None when no loaded zygote can be had now: start the rank cold.
@@ -353,20 +373,28 @@ def zygote_for(
                 del _zygotes[key]
             if not _make_room():
                 return None  # every zygote kept has ranks running: this one starts cold
-            found = _open(env, cwd, key, shared)
+            found = _open(env, cwd, key, shared, start)
             if found is None:
                 return None
             zygote = _zygotes[key] = found
         _zygotes.move_to_end(key)
     # One another process started has loaded: it answers at once.
     if not zygote.loaded(wait if zygote.proc is not None else max(wait, JOIN_WAIT)):
-        return None  # still loading: it will serve the next run
-    if zygote.usable():
+        if wait <= 0:
+            return None  # still loading: it will serve a later run
+        _log.warning(
+            "a zygote (pid %s) did not load within %gs: ranks of this environment start "
+            "cold in this process from now on",
+            zygote.pid,
+            wait,
+        )
+    elif zygote.usable():
         return zygote
     with _zygotes_lock:
         if _zygotes.get(key) is zygote:
             del _zygotes[key]
-        if zygote.info is not None:
-            _unusable.add(key)  # it loaded, and cannot fork: the same would happen again
+        if zygote.info is not None or not zygote.loaded():
+            # It loaded and cannot fork, or it is stuck: the same would happen again.
+            _unusable.add(key)
     zygote.close()
     return None

@@ -7,6 +7,7 @@ out) from a real zygote, and checks what the rank sees and what its supervisor h
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -184,14 +185,88 @@ def test_a_forked_rank_gets_its_own_place_and_returns(ranks: Ranks) -> None:
     assert got[0]["draws"][1] != got[1]["draws"][1]
 
 
-def test_the_first_rank_starts_cold_while_its_zygote_loads(ranks: Ranks) -> None:
+def test_a_cold_rank_starts_no_zygote_and_a_loading_one_is_waited_for(ranks: Ranks) -> None:
     env = ranks.env(0, OMP_NUM_THREADS="4")  # an environment no zygote serves yet
-    assert zygotes.zygote_for(env, ranks.cwd) is None  # no wait: this rank starts cold
     key = zygotes.import_key(env, ranks.cwd)
+    # What a launcher asks for a rank: none fits, so the rank starts cold, and nothing loads
+    # beside it.
+    assert zygotes.zygote_for(env, ranks.cwd, wait=120, start=False) is None
+    assert key not in zygotes._zygotes
+    # Once the cold ranks ended, the launcher starts one; it does not wait for it to load.
+    assert zygotes.zygote_for(env, ranks.cwd) is None
     loading = zygotes._zygotes[key]
-    assert loading.loaded(120)
-    assert zygotes.zygote_for(env, ranks.cwd) is loading  # the next one forks from it
+    # The next rank waits for it to load, and forks from it.
+    assert zygotes.zygote_for(env, ranks.cwd, wait=120, start=False) is loading
+    assert loading.usable()
     loading.close()
+
+
+def test_a_zygote_that_does_not_load_in_time_is_given_up(
+    ranks: Ranks, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    (stuck / "sitecustomize.py").write_text("import time\ntime.sleep(120)\n")
+    env = ranks.env(0, OMP_NUM_THREADS="6")
+    env["PYTHONPATH"] = os.pathsep.join([str(stuck), env["PYTHONPATH"]])
+    key = zygotes.import_key(env, ranks.cwd)
+    assert zygotes.zygote_for(env, ranks.cwd) is None  # started: it never loads
+    hung = zygotes._zygotes[key]
+    with caplog.at_level(logging.WARNING, logger="sparktrain"):
+        assert zygotes.zygote_for(env, ranks.cwd, wait=1, start=False) is None
+    assert f"a zygote (pid {hung.pid}) did not load within 1s" in caplog.text
+    assert key in zygotes._unusable and key not in zygotes._zygotes
+    try:
+        # The ranks of that environment start cold at once from then on, without waiting.
+        assert zygotes.zygote_for(env, ranks.cwd, wait=120) is None
+        assert hung.proc is not None
+        hung.proc.wait(15)  # given up: ended and reaped, not left running
+    finally:
+        zygotes._unusable.discard(key)
+
+
+TWO_RUNS = r"""
+import os, sys
+from sparktrain import SparkRunner
+
+
+def zygotes_beside():
+    # The zygote processes whose parent is this rank's (the driver).
+    parent, found = os.getppid(), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+                found += ppid == parent and b"sparktrain.worker.zygote" in cmd.read()
+        except OSError:
+            continue
+    return found
+
+
+runner = SparkRunner(np=-2)
+for _ in range(2):
+    beside = runner.run(zygotes_beside)
+    print("RUN", beside, runner.last_run.attempts[-1].breakdown["forked"], flush=True)
+"""
+
+
+def test_a_zygote_loads_after_the_cold_ranks_and_the_next_run_forks(tmp_path: Path) -> None:
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_RUNS],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+        check=False,
+    )
+    runs = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RUN")]
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The first run's ranks started cold with no zygote loading beside them; the second run
+    # waited for the zygote started after them, and forked.
+    assert runs == [["0", "False"], ["1", "True"]], done.stderr[-3000:]
 
 
 def test_a_zygote_with_running_ranks_is_never_let_go(ranks: Ranks) -> None:
