@@ -42,7 +42,10 @@ def _forked(runner: SparkRunner) -> bool:
 def test_later_connect_runs_fork_after_another_jobs_leftovers(connect):
     runner = SparkRunner(np=2, spark=connect)
     fresh = runner.run(trainers.whoami, tag="first")
-    for _ in range(5):  # real runs, until the zygote that loads beside them is ready
+    # Real runs until one forks: the first run's task starts its zygote once its ranks end,
+    # and a later task that lands on another Python worker of the executor starts cold until
+    # that zygote has loaded.
+    for _ in range(5):
         runner.run(trainers.whoami, tag="warm")
         if _forked(runner):
             break
@@ -66,7 +69,7 @@ def _zygote(pid: int) -> bool:
 
 def test_connect_runs_fork_after_the_workers_that_started_the_zygotes_ended(connect):
     runner = SparkRunner(np=2, spark=connect)
-    for _ in range(6):  # real runs, until the zygotes that load beside them are ready
+    for _ in range(6):  # real runs, until every rank forks (see above)
         parents = runner.run_all(trainers.parent)
         if all(_zygote(pid) for pid in parents):
             break

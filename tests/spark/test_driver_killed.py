@@ -86,7 +86,7 @@ def test_killing_the_driver_leaves_no_rank_behind(tmp_path: Path, np: int, how: 
         assert len(alive(ranks)) == 2
         assert list(tasks.glob("task-*")), f"the run's task folders were not in {tasks}"
         zygotes = _zygotes_with_tmpdir(tmp)
-        assert zygotes, "no warm zygote was started beside the ranks"
+        assert zygotes, "no warm zygote was started after the first run's ranks"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert _gone_within(ranks, BOUND) == [], f"ranks alive {BOUND:g}s after the driver died"
