@@ -16,9 +16,18 @@ above the bare stage on each side, so that a target for the warm Connect call ca
 against what Spark Connect alone costs on the same machine. Every call's value is checked
 before anything is printed.
 
+With ``--cold N``, it times first calls instead, each on a Connect server of its own started
+for it (new executors: no Python worker, no zygote): the bare stage, sparktrain's no-op and
+gloo + all_reduce (its probe job included; the run's record must say rank 0 was a new
+interpreter), and TorchDistributor's same two functions, each on a fresh server too (not after
+sparktrain's call on the same one, as in ``bench_launch.py``, where it meets the Python
+workers sparktrain started). N rounds, medians; it prints each first call against
+TorchDistributor's, and the bare stage's share of the 0.3x target.
+
 Usage::
 
     python benchmarks/bench_connect_floor.py [--repeats 10] [--between torchdistributor]
+    python benchmarks/bench_connect_floor.py --cold 3
 """
 
 from __future__ import annotations
@@ -39,15 +48,18 @@ sys.path.insert(0, str(ROOT))
 
 import bench_launch  # noqa: E402
 import cloudpickle  # noqa: E402
+import pyspark.cloudpickle as pyspark_cloudpickle  # noqa: E402
 from bench_launch import allreduce, fresh_classic_session, fresh_connect_session, noop  # noqa: E402
-from instruments import rank0_forked, require  # noqa: E402
+from instruments import rank0_forked, require, require_cold  # noqa: E402
 
 BARE = "bare barrier stage (2 tasks, Python, 1 row each)"
 NOOP = "sparktrain warm no-op, np=2"
 GLOO = "sparktrain warm gloo + all_reduce, np=2"
 
 # The functions the runs call travel by value: bench_launch is not importable on the executors.
+# TorchDistributor pickles with pyspark's own copy of cloudpickle, which keeps its own list.
 cloudpickle.register_pickle_by_value(bench_launch)
+pyspark_cloudpickle.register_pickle_by_value(bench_launch)
 
 
 def _one_row(batches: Any) -> Any:
@@ -144,6 +156,72 @@ def _child(kind: str, repeats: int, between: str) -> dict[str, Any]:
     return result
 
 
+# The first calls --cold times, each on a fresh Connect server.
+COLD = {
+    "bare barrier stage": "bare",
+    "sparktrain no-op": "sparktrain noop",
+    "sparktrain gloo + all_reduce": "sparktrain allreduce",
+    "TorchDistributor no-op": "torchdistributor noop",
+    "TorchDistributor gloo + all_reduce": "torchdistributor allreduce",
+}
+
+
+def _cold_call(cell: str) -> None:
+    """One first call on a fresh Connect server, its seconds as JSON on stdout's last line."""
+    runner_name, _, fn_name = cell.partition(" ")
+    fn, expected = {"noop": (noop, (0, 1)), "allreduce": (allreduce, (3.0,))}.get(
+        fn_name, (noop, ())
+    )
+    with fresh_connect_session("bench-connect-cold-") as spark:
+        if runner_name == "bare":
+            call = _bare_stage(spark)
+        elif runner_name == "sparktrain":
+            from sparktrain import SparkRunner
+
+            runner: Any = SparkRunner(np=2, spark=spark)
+        else:
+            from pyspark.ml.torch.distributor import TorchDistributor
+
+            runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        if runner_name != "bare":
+
+            def call() -> None:
+                value = runner.run(fn)
+                require(value in expected, f"{cell} returned {value!r}")
+
+        start = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - start
+        if runner_name == "sparktrain":
+            require_cold(runner, cell)
+    print(json.dumps({"seconds": seconds}), flush=True)
+
+
+def _cold(rounds: int) -> None:
+    times: dict[str, list[float]] = {name: [] for name in COLD}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    for _ in range(rounds):
+        for name, cell in COLD.items():
+            command = [sys.executable, __file__, "--cold-call", cell]
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+            require(
+                done.returncode == 0 and bool(done.stdout.strip()),
+                f"{name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}",
+            )
+            times[name].append(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+    med = {name: statistics.median(values) for name, values in times.items()}
+    print(f"\nfirst call on a fresh Connect server, median of {rounds}, seconds")
+    for name in COLD:
+        print(f"{name:36} {med[name]:8.2f}   ({', '.join(f'{t:.2f}' for t in times[name])})")
+    for fn in ("no-op", "gloo + all_reduce"):
+        peer = med[f"TorchDistributor {fn}"]
+        print(
+            f"{fn:18} sparktrain / TorchDistributor {med[f'sparktrain {fn}'] / peer:5.2f}x; "
+            f"0.3x is {0.3 * peer:.2f} s, the bare stage alone {med['bare barrier stage']:.2f} s "
+            f"({med['bare barrier stage'] / peer:.2f}x)"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per cell")
@@ -154,9 +232,20 @@ def main(argv: list[str] | None = None) -> None:
         help="run an untimed TorchDistributor no-op before each sparktrain call, as "
         "bench_launch.py's interleaving does (default: nothing)",
     )
+    parser.add_argument(
+        "--cold", type=int, metavar="N", help="time first calls instead, N rounds (see above)"
+    )
     parser.add_argument("--side", choices=("classic", "connect"), help=argparse.SUPPRESS)
+    parser.add_argument("--cold-call", choices=tuple(COLD.values()), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     require(args.repeats >= 1, "--repeats must be at least 1")
+    if args.cold_call:
+        _cold_call(args.cold_call)
+        return
+    if args.cold is not None:
+        require(args.cold >= 1, "--cold must be at least 1")
+        _cold(args.cold)
+        return
     if args.side:
         _side(args.side, args.repeats, args.between)
         return
