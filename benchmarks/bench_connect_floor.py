@@ -166,34 +166,38 @@ COLD = {
 }
 
 
+def _first_run(cell: str, spark: Any) -> Callable[[], None]:
+    """The call a ``--cold-call`` cell times on ``spark``: its runner's first run, value
+    checked (and for sparktrain, checked to be cold), or the bare stage."""
+    runner_name, _, fn_name = cell.partition(" ")
+    if runner_name == "bare":
+        return _bare_stage(spark)
+    fn, expected = {"noop": (noop, (0, 1)), "allreduce": (allreduce, (3.0,))}[fn_name]
+    if runner_name == "sparktrain":
+        from sparktrain import SparkRunner
+
+        runner: Any = SparkRunner(np=2, spark=spark)
+    else:
+        from pyspark.ml.torch.distributor import TorchDistributor
+
+        runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+
+    def call() -> None:
+        value = runner.run(fn)
+        require(value in expected, f"{cell} returned {value!r}")
+        if runner_name == "sparktrain":
+            require_cold(runner, cell)
+
+    return call
+
+
 def _cold_call(cell: str) -> None:
     """One first call on a fresh Connect server, its seconds as JSON on stdout's last line."""
-    runner_name, _, fn_name = cell.partition(" ")
-    fn, expected = {"noop": (noop, (0, 1)), "allreduce": (allreduce, (3.0,))}.get(
-        fn_name, (noop, ())
-    )
     with fresh_connect_session("bench-connect-cold-") as spark:
-        if runner_name == "bare":
-            call = _bare_stage(spark)
-        elif runner_name == "sparktrain":
-            from sparktrain import SparkRunner
-
-            runner: Any = SparkRunner(np=2, spark=spark)
-        else:
-            from pyspark.ml.torch.distributor import TorchDistributor
-
-            runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-        if runner_name != "bare":
-
-            def call() -> None:
-                value = runner.run(fn)
-                require(value in expected, f"{cell} returned {value!r}")
-
+        call = _first_run(cell, spark)
         start = time.perf_counter()
         call()
         seconds = time.perf_counter() - start
-        if runner_name == "sparktrain":
-            require_cold(runner, cell)
     print(json.dumps({"seconds": seconds}), flush=True)
 
 

@@ -3,8 +3,9 @@
 One small job, with as many tasks as the run's stage, tells the client the executors' Python
 and package versions, and whether they can open a connection to this machine. Its tasks start
 the Python workers the stage then reuses, on every executor the stage's tasks land on, at once
-rather than one executor in the probe and the others while the barrier stage waits for them. Versions that differ where pickles cross
-are refused here, with what to change, rather than as an unpickling error in a task. The slot
+rather than one executor in the probe and the others while the barrier stage waits for them.
+Versions that differ where pickles cross are refused here, with what to change, rather than
+as an unpickling error in a task. The slot
 check reads the static conf only: a Connect client cannot see executors, their free slots or
 other jobs' tasks (Spark's own barrier check then waits for slots, as it does on a classic
 session when executors are still coming up), so it says so, once per session, before the
@@ -191,7 +192,7 @@ def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> Co
                 "executors write and this client reads to see the ranks' output, or %s to an "
                 "address they can reach",
                 advertise,
-                unreached[0].get("reached") if unreached else "",
+                unreached[0].get("reached"),
                 conf_key("log_dir"),
                 conf_key("client_address"),
             )
