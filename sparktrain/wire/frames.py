@@ -199,6 +199,10 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class NotReached(ConnectionError):
+    """A connection that :class:`ChannelClient`'s ``reach`` gave up on."""
+
+
 class ChannelClient:
     """A connection to the driver's channel (or another frame server); sending is thread-safe.
 
@@ -211,14 +215,19 @@ class ChannelClient:
         address: ``host:port`` of the server.
         key: the run's key.
         timeout: seconds to be admitted in, retries included.
+        reach: when set, seconds for the first connection to be made at all: a server not
+            reached within them is not retried (a host that drops the connection).
 
     Raises:
         ConnectionRefusedError: nothing listens at ``address`` (not retried).
+        NotReached: with ``reach``, the first connection was not made within it.
         ConnectionError: the server was not reached or did not admit it within ``timeout``,
             or its answer failed authentication (it does not hold the run's key).
     """
 
-    def __init__(self, address: str, key: bytes, timeout: float = 30.0) -> None:
+    def __init__(
+        self, address: str, key: bytes, timeout: float = 30.0, reach: float | None = None
+    ) -> None:
         self._key = key
         self._send_seq = 0
         self._recv_seq = 0
@@ -230,10 +239,13 @@ class ChannelClient:
         while True:
             self.attempts += 1
             try:
-                self._sock, self._nonce = self._admitted(parse_address(address), deadline)
+                first = reach if self.attempts == 1 else None
+                self._sock, self._nonce = self._admitted(parse_address(address), deadline, first)
                 return
             except ConnectionRefusedError:
                 raise
+            except NotReached as exc:
+                raise NotReached(f"{address} was not reached within {reach:g}s: {exc}") from None
             except FrameError as exc:
                 raise ConnectionError(f"{address} failed authentication: {exc}") from None
             except (OSError, EOFError) as exc:
@@ -245,9 +257,17 @@ class ChannelClient:
             time.sleep(pause * random.uniform(0.5, 1.0))  # apart from the others retrying
             pause = min(pause * 2, RETRY_MOST)
 
-    def _admitted(self, address: tuple[str, int], deadline: float) -> tuple[socket.socket, bytes]:
+    def _admitted(
+        self, address: tuple[str, int], deadline: float, reach: float | None = None
+    ) -> tuple[socket.socket, bytes]:
         """One connection, once the server has answered its first frame: (socket, nonce)."""
-        sock = socket.create_connection(address, timeout=max(0.001, deadline - time.monotonic()))
+        left = max(0.001, deadline - time.monotonic())
+        try:
+            sock = socket.create_connection(address, timeout=min(left, reach or left))
+        except OSError as exc:
+            if reach is None or isinstance(exc, ConnectionRefusedError):
+                raise
+            raise NotReached(str(exc) or type(exc).__name__) from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = recv_exact(sock, NONCE_BYTES, deadline)
