@@ -18,8 +18,8 @@ before anything is printed.
 
 With ``--cold N``, it times first calls instead, each on a Connect server of its own started
 for it (new executors: no Python worker, no zygote): the bare stage, sparktrain's no-op and
-gloo + all_reduce (its probe job included; the run's record must say rank 0 was a new
-interpreter), and TorchDistributor's same two functions, each on a fresh server too (not after
+gloo + all_reduce (the session's first stage, its checks included; the run's record must say
+rank 0 was a new interpreter), and TorchDistributor's same two functions, each on a fresh server too (not after
 sparktrain's call on the same one, as in ``bench_launch.py``, where it meets the Python
 workers sparktrain started). N rounds, medians; it prints each first call against
 TorchDistributor's, and the bare stage's share of the 0.3x target.

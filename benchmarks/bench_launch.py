@@ -15,7 +15,8 @@ States (see benchmarks/instruments.py):
   the first call in a fresh Python process (a child of this one, timed inside it). Each cold
   call's own record (``runner.last_run``) must say rank 0 was a new interpreter, not forked
   from a zygote; if it was forked, the benchmark refuses to go on. Under Spark Connect,
-  sparktrain's cold call also runs its one-task probe of the executors.
+  sparktrain's cold call is the session's first stage, whose tasks also check the executors'
+  versions and that they reach the client.
 * **warm**: the same session's later calls; the table says in how many rank 0 was forked.
 
 With ``--connect``, the first two functions also run from a Spark Connect client session on a

@@ -286,6 +286,9 @@ class SparkRunner:
             with plain_ctrl_c():
                 return attempts.run()
         finally:
+            if session is not None and attempts.connect is not None:
+                # What the run found out (checked, or detached) holds for the session's next.
+                self._connect_plans[session.session_id] = attempts.connect
             record.finished = time.time()
             progress.close()
             if tracker is not None:

@@ -290,9 +290,10 @@ class RunConfig:
         None,
         "clientReachable",
         "bool",
-        "under Spark Connect, whether executors can reach this client: auto tries it before "
-        "the first run; false sends results and failures back through the Spark job alone "
-        "(no live logs or progress; see logDir).",
+        "under Spark Connect, whether executors can reach this client: auto lets the first "
+        "run's tasks find out (if they cannot, the run starts again detached); false sends "
+        "results and failures back through the Spark job alone (no live logs or progress; "
+        "see logDir); true makes a task that cannot reach it an error.",
         unset="auto",
         check=boolean(allow_none=True),
     )

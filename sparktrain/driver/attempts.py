@@ -18,7 +18,12 @@ from typing import Any, TextIO
 from sparktrain import wire
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
-from sparktrain.driver.connect_check import ConnectPlan
+from sparktrain.driver.connect_check import (
+    ClientUnreachable,
+    ConnectPlan,
+    stage_verdict,
+    unreached_plan,
+)
 from sparktrain.driver.elastic import ResizeStop, choose_size, grow_watch, size_note, smallest
 from sparktrain.driver.inflight import (
     Line,
@@ -43,6 +48,7 @@ from sparktrain.errors import (
 from sparktrain.log import get_logger
 from sparktrain.shipping.payload import kept_result_name
 from sparktrain.task.assignment import TaskJob
+from sparktrain.task.connect import versions
 
 _log = get_logger(__name__)
 
@@ -204,6 +210,12 @@ class Attempts:
                     world = config.world_size
                     return all_results(records, world, name, config.max_result_bytes)
                 return rank0_result(records, name)
+            except ClientUnreachable as exc:
+                # Nothing of the user's ran: the same attempt starts again, detached.
+                assert self.connect is not None
+                self.connect = unreached_plan(self.connect, base, exc)
+                self.record.attempts.remove(attempt)
+                continue
             except ResizeStop as exc:
                 attempt.error, attempt.cause, attempt.resized = exc, exc.reason, True
                 why = exc.reason
@@ -294,8 +306,16 @@ class Attempts:
             key, bind=bind, advertise=advertise, world_size=self.config.world_size
         ) as server:
             detached = self.connect is not None and not self.connect.reachable
+            # Until a stage of the session has, the tasks check the executors' versions and
+            # whether they reach the client (see connect_check).
+            checking = self.connect is not None and not self.connect.checked
             # Detached tasks get no channel: they learn the layout from Spark's barrier.
-            job = dataclasses.replace(job, channel="" if detached else server.address, key=key)
+            job = dataclasses.replace(
+                job,
+                channel="" if detached else server.address,
+                key=key,
+                client_versions=versions() if checking else None,
+            )
             if detached:
                 _log.warning("%s", _detached_note(self.config, job))
             if self.on_channel is not None:
@@ -313,12 +333,21 @@ class Attempts:
                 on_saved=self._grow_watch(job),
             )
             stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
+            launch = new_launch(self.session, job, description, self.connect)
             try:
                 with stop:
-                    return monitor.watch(new_launch(self.session, job, description, self.connect))
+                    records = monitor.watch(launch)
+                self._checked(checking)
+                return records
             except (KeyboardInterrupt, CancelledError):
                 raise
             except Exception as exc:
+                stage_error = getattr(launch, "stage_error", None)
+                verdict = stage_verdict(stage_error) if checking and stage_error else None
+                if verdict is not None:
+                    raise verdict from exc
+                if monitor.arrived:
+                    self._checked(checking)  # the tasks passed the checks and said hello
                 # Stopped to grow: however each rank ended (returned at should_stop(), or
                 # killed by the stop), the run goes on larger from the checkpoint.
                 if isinstance(monitor.stop_error, ResizeStop) and exc is not monitor.stop_error:
@@ -329,6 +358,11 @@ class Attempts:
                 attempt.breakdown = launch_breakdown(
                     monitor.rank0_times, attempt.phases.get("training")
                 )
+
+    def _checked(self, checking: bool) -> None:
+        """The session's runs need not check again: a stage passed the checks."""
+        if checking and self.connect is not None:
+            self.connect = dataclasses.replace(self.connect, checked=True)
 
 
 def _application(session: Any) -> str:

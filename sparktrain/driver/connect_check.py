@@ -1,42 +1,35 @@
-"""Before the first run from a Spark Connect session: can the cluster run it, and how?
+"""Before and during the first run from a Spark Connect session: can the cluster run it, and
+how?
 
-One small job, with as many tasks as the run's stage, tells the client the executors' Python
-and package versions, and whether they can open a connection to this machine. Its tasks start
-the Python workers the stage then reuses, on every executor the stage's tasks land on, at once
-rather than one executor in the probe and the others while the barrier stage waits for them.
-Versions that differ where pickles cross are refused here, with what to change, rather than
-as an unpickling error in a task. The slot
-check reads the static conf only: a Connect client cannot see executors, their free slots or
-other jobs' tasks (Spark's own barrier check then waits for slots, as it does on a classic
-session when executors are still coming up), so it says so, once per session, before the
-first stage can wait.
+The slot check reads the static conf only: a Connect client cannot see executors, their free
+slots or other jobs' tasks (Spark's own barrier check then waits for slots, as it does on a
+classic session when executors are still coming up), so it says so, once per session, before
+the first stage can wait.
+
+The rest is checked inside the session's first barrier stage, not by a job before it (which
+cost a job's round on every first call): each task compares the executors' Python and package
+versions with the client's, and whether it can open a connection to the client's channel
+(see :mod:`sparktrain.task.connect`). Versions that differ where pickles cross are refused,
+with what to change, rather than as an unpickling error in a rank; a task that cannot reach
+the client ends the stage before any rank starts, and the run starts again detached (results
+and failures through the Spark job), as do the session's later runs. Once a first stage has
+passed the checks they are not made again in the session.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import json
 import re
-import socket
-import threading
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.launch.connect import client_address
-from sparktrain.driver.launch.stage import describe_spark_error
 from sparktrain.errors import CapacityError, ConfigurationError
 from sparktrain.log import get_logger
-from sparktrain.task.connect import probe_task, versions
-from sparktrain.wire.address import listen_address
+from sparktrain.task.connect import check_in
 
 _log = get_logger(__name__)
 
-# How long the probe task tries to open a connection to the client.
-REACH_TIMEOUT = 5.0
 _LOCAL = re.compile(r"^local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")
 _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
 
@@ -47,16 +40,22 @@ class ConnectPlan:
 
     Attributes:
         address: where executors reach this client's channel.
-        reachable: whether they can (every probe task could); False runs the tasks detached.
-        executor: what the first probe task said of its executor (versions, host).
+        reachable: whether they can; False runs the tasks detached. Until ``checked``, what
+            the setting says, or True to be found out by the first stage.
         slots: the task slots the session's conf promises, or None when it cannot say; the
             runs of this process on the same server take turns within them.
+        checked: whether a stage of the session has checked the executors' versions and
+            (attached) that they reach the client; until then each stage's tasks do.
     """
 
     address: str
     reachable: bool
-    executor: dict[str, str]
     slots: int | None = None
+    checked: bool = False
+
+
+class ClientUnreachable(Exception):
+    """A first stage's task could not connect to the client (internal: the run goes detached)."""
 
 
 def static_slots(conf: dict[str, str | None]) -> int | None:
@@ -144,140 +143,68 @@ def unseen_slots_note(tasks: int, slots: int | None) -> str:
     )
 
 
-def mismatches(client: dict[str, str], executor: dict[str, str]) -> list[str]:
-    """``name: client X, executors Y`` for each version that differs (Python: minor only)."""
-    return [
-        f"{name}: client {client[name]}, executors {executor.get(name, 'missing')}"
-        for name in client
-        if executor.get(name) != client[name]
-    ]
-
-
 def plan_connect(session: Any, config: RunConfig, ranks_per_task: int = 1) -> ConnectPlan:
-    """Probe the cluster once: the executors' versions and whether they reach this client.
+    """How the session's runs start, before any job: the slots the conf gives, the address
+    the executors are to reach, and, unless a setting says, attached until the first stage
+    finds otherwise.
 
     Raises:
-        ConfigurationError: the executors' Python minor version, cloudpickle, torch or
-            sparktrain differ from the client's, or the probe job failed.
+        CapacityError: the conf promises fewer task slots than the run needs.
     """
     slots = check_slots(session, config.world_size, ranks_per_task)
-    advertise = config.client_address or client_address(session)
-    tasks = probe_tasks(config, slots, ranks_per_task)
-    with socket.socket(_family(advertise), socket.SOCK_STREAM) as listener:
-        listener.bind((listen_address(advertise, _any(advertise)), 0))
-        listener.listen(max(64, tasks))
-        port = listener.getsockname()[1]
-        with _accepting(listener):
-            found = _probe(session, f"{advertise}:{port}", config.start_timeout, tasks)
-    mine = versions()
-    different = list(dict.fromkeys(line for each in found for line in mismatches(mine, each)))
-    if different:
-        raise ConfigurationError(
+    address = config.client_address or client_address(session)
+    reachable = True if config.client_reachable is None else config.client_reachable
+    return ConnectPlan(address=address, reachable=reachable, slots=slots)
+
+
+def stage_verdict(error: BaseException) -> Exception | None:
+    """What a failed stage of a session's first run means for the session, if anything: a
+    :class:`ConfigurationError` (versions differ), or :class:`ClientUnreachable`."""
+    text = str(error)
+    if "PYTHON_VERSION_MISMATCH" in text or "different version" in text:
+        return ConfigurationError(
+            "the executors run another Python minor version than this client: "
+            f"{_first(text)}; use the same Python on both sides"
+        )
+    found = check_in(text)
+    if not found:
+        return None
+    if found.get("versions"):
+        return ConfigurationError(
             "the executors' Python and packages must match this client's where pickles cross ("
-            + "; ".join(different)
+            + "; ".join(dict.fromkeys(found["versions"]))
             + "): install the same versions on both sides (spark.pyspark.python names the "
             "executors' interpreter)"
         )
-    executor = found[0]
-    unreached = [each for each in found if each.get("reached", "no") != "yes"]
-    reached = not unreached
-    if config.client_reachable is not None:
-        reachable = config.client_reachable
-    else:
-        reachable = reached
-        if not reached:
-            _log.warning(
-                "executors cannot reach this client at %s (%s): results and failures come back "
-                "through the Spark job, without live logs or progress; set %s to a folder the "
-                "executors write and this client reads to see the ranks' output, or %s to an "
-                "address they can reach",
-                advertise,
-                unreached[0].get("reached"),
-                conf_key("log_dir"),
-                conf_key("client_address"),
-            )
-    return ConnectPlan(address=advertise, reachable=reachable, executor=executor, slots=slots)
+    if "unreached" in found:
+        return ClientUnreachable(str(found["unreached"]))
+    return None
 
 
-@contextlib.contextmanager
-def _accepting(listener: socket.socket) -> Iterator[None]:
-    """Accept and close the probe tasks' connections while the block runs, so that however
-    many tasks connect at once none waits on a full backlog and is taken for unreachable."""
-    stop = threading.Event()
+def unreached_plan(plan: ConnectPlan, config: RunConfig, why: ClientUnreachable) -> ConnectPlan:
+    """The session's plan once a first stage's task could not reach the client: detached,
+    with a warning that says what is lost and how to get it back.
 
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # the timeout, or the listener closed
-                continue
-            conn.close()
-
-    thread = threading.Thread(target=accept, name="sparktrain-connect-reach", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _family(address: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in address else socket.AF_INET
-
-
-def _any(address: str) -> str:
-    return "::" if ":" in address else "0.0.0.0"
-
-
-def probe_tasks(config: RunConfig, slots: int | None, ranks_per_task: int = 1) -> int:
-    """How many tasks the probe job runs: the run's stage's, within the slots the conf gives."""
-    tasks = max(1, config.world_size // ranks_per_task)
-    return tasks if slots is None else max(1, min(tasks, slots))
-
-
-def _probe(session: Any, address: str, timeout: float, tasks: int = 1) -> list[dict[str, str]]:
-    """Run the probe job (``tasks`` tasks, not a barrier), within ``timeout`` seconds; what
-    each task said of its executor."""
-    tag = f"sparktrain-probe-{uuid.uuid4().hex[:12]}"
-    result: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def body() -> None:
-        session.addTag(tag)
-        try:
-            task = functools.partial(probe_task, address, REACH_TIMEOUT)
-            frame = session.range(0, tasks, 1, tasks).mapInArrow(task, "probe string")
-            result["found"] = [json.loads(row["probe"]) for row in frame.collect()]
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            result["error"] = exc
-        finally:
-            try:
-                session.removeTag(tag)
-            except Exception:  # noqa: BLE001 - the session may be gone
-                pass
-            finished.set()
-
-    threading.Thread(target=body, name="sparktrain-connect-probe", daemon=True).start()
-    if not finished.wait(timeout + REACH_TIMEOUT):
-        session.interruptTag(tag)
+    Raises:
+        ConfigurationError: the ``client_reachable`` setting says the executors reach it.
+    """
+    if config.client_reachable:
         raise ConfigurationError(
-            f"the cluster did not run the {tasks}-task probe job within {timeout:g}s "
-            f"({conf_key('start_timeout')}): check that it has executors"
-        )
-    error = result.get("error")
-    if error is not None:
-        text = str(error)
-        if "PYTHON_VERSION_MISMATCH" in text or "different version" in text:
-            raise ConfigurationError(
-                "the executors run another Python minor version than this client: "
-                f"{_first(text)}; use the same Python on both sides"
-            ) from error
-        raise ConfigurationError(
-            f"the probe job before the run failed: {describe_spark_error(error)}"
-        ) from error
-    return [dict(each) for each in result["found"]]
+            f"the executors cannot reach this client at {plan.address} ({why}), but "
+            f"{conf_key('client_reachable')} says they can: unset it to run detached, or set "
+            f"{conf_key('client_address')} to an address they can reach"
+        ) from why
+    _log.warning(
+        "executors cannot reach this client at %s (%s): results and failures come back "
+        "through the Spark job, without live logs or progress; set %s to a folder the "
+        "executors write and this client reads to see the ranks' output, or %s to an "
+        "address they can reach",
+        plan.address,
+        why,
+        conf_key("log_dir"),
+        conf_key("client_address"),
+    )
+    return dataclasses.replace(plan, reachable=False, checked=True)
 
 
 def _first(text: str) -> str:

@@ -25,6 +25,10 @@ class TaskJob:
         all_ranks: every rank's value comes back (``run_all``), not rank 0's alone.
         previous_world_size: an elastic run's size in the previous attempt (its own size on
             the first); 0 for a run of fixed size.
+        client_versions: set on a Spark Connect session's first stage (until one has checked
+            them): the client's Python and package versions, which each task compares with
+            its own, and a task that cannot reach the channel then says so rather than waiting
+            (see :mod:`sparktrain.driver.connect_check`).
     """
 
     run_id: str
@@ -37,6 +41,7 @@ class TaskJob:
     ranks_per_task: int = 1
     all_ranks: bool = False
     previous_world_size: int = 0
+    client_versions: dict[str, str] | None = None
 
     @property
     def tasks(self) -> int:

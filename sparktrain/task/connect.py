@@ -8,18 +8,23 @@ Spark's own ``allGather``, what rank 0's task prepares travels the same way, and
 record (root cause, traceback, output tail) is raised out of the task, which ends the barrier
 stage (Spark does not retry a failed barrier result stage) and reaches the client inside the
 job's error. Live output goes to ``log_dir`` when one is set.
+
+A session's first stage also checks what a separate job used to check before it: each task
+compares its Python and package versions with the client's, and (attached) gives the
+client's channel :data:`REACH_TIMEOUT` to answer. Either failure ends the stage with what the
+task found inside the job's error, before any rank starts; the client then refuses the run
+with what to change, or runs it again detached.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import pickle
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from sparktrain.errors import WorkerFailure, root_cause_order
 from sparktrain.layout.cluster import TaskInfo
@@ -32,6 +37,11 @@ RECORD_COLUMN = "record"
 # Around a detached task's failure record inside the text of the job's error.
 FAILURE_MARK = "SPARKTRAIN-FAILURE["
 FAILURE_END = "]SPARKTRAIN-FAILURE"
+# Around what a first stage's task found (versions that differ, a client not reached).
+CHECK_MARK = "SPARKTRAIN-CHECK["
+CHECK_END = "]SPARKTRAIN-CHECK"
+# How long a first stage's task tries to connect to the client before the run goes detached.
+REACH_TIMEOUT = 5.0
 # What the client compares with the executors before a run: the pickles of the function and
 # its result cross between the two, so these must agree.
 PACKAGES = ("cloudpickle", "torch", "sparktrain")
@@ -111,6 +121,9 @@ def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
 
     Raises:
         RuntimeError: in a detached run, when a rank failed; its message carries the record.
+            In a session's first stage (``job.client_versions``), when this executor's
+            versions differ from the client's or the client's channel cannot be reached: its
+            message carries what the client needs to say so (:func:`check_in`).
     """
     import pyarrow as pa
 
@@ -118,12 +131,42 @@ def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
 
     for _ in batches:
         pass  # the input only sets the number of tasks
-    if job.channel:
+    if job.client_versions is not None:
+        different = mismatches(job.client_versions, versions())
+        if different:
+            _raise_check({"versions": different})
+    if not job.channel:
+        records = _run_detached(job)
+    elif job.client_versions is None:
         records = list(run_spark_task(job, iter(())))
     else:
-        records = _run_detached(job)
+        records = _run_reached(job)
     rows = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in records]
     yield pa.RecordBatch.from_pydict({RECORD_COLUMN: pa.array(rows, type=pa.binary())})
+
+
+def _run_reached(job: TaskJob) -> list[dict[str, Any]]:
+    """A first stage's task: one that cannot connect to the client's channel within
+    :data:`REACH_TIMEOUT` ends the stage saying why, so that the run goes detached."""
+    from sparktrain import wire
+    from sparktrain.task.entry import run_spark_task
+
+    timeout = job.run_config.start_timeout
+    try:
+        client = wire.ChannelClient(job.channel, job.key, timeout=timeout, reach=REACH_TIMEOUT)
+    except wire.NotReached as exc:
+        _raise_check({"unreached": str(exc)})
+    except ConnectionRefusedError as exc:
+        _raise_check({"unreached": f"{job.channel}: {exc}"})
+    try:
+        return list(run_spark_task(job, iter(()), session=TaskSession(job, client)))
+    finally:
+        client.close()
+
+
+def _raise_check(found: dict[str, Any]) -> NoReturn:
+    encoded = base64.b64encode(json.dumps(found).encode()).decode()
+    raise RuntimeError(f"sparktrain's first-stage check {CHECK_MARK}{encoded}{CHECK_END}")
 
 
 def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
@@ -164,15 +207,34 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
 
 def failure_in(text: str) -> dict[str, Any] | None:
     """The failure record a detached task raised, found in the text of the job's error."""
-    start = text.find(FAILURE_MARK)
-    end = text.find(FAILURE_END, start)
+    return _marked(text, FAILURE_MARK, FAILURE_END)
+
+
+def check_in(text: str) -> dict[str, Any] | None:
+    """What a first stage's task found (``versions``: the differences, or ``unreached``: why
+    the channel was not reached), from the text of the job's error; None if no task said."""
+    return _marked(text, CHECK_MARK, CHECK_END)
+
+
+def _marked(text: str, mark: str, end_mark: str) -> dict[str, Any] | None:
+    start = text.find(mark)
+    end = text.find(end_mark, start)
     if start < 0 or end < 0:
         return None
     try:
-        data = json.loads(base64.b64decode(text[start + len(FAILURE_MARK) : end]))
+        data = json.loads(base64.b64decode(text[start + len(mark) : end]))
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def mismatches(client: dict[str, str], executor: dict[str, str]) -> list[str]:
+    """``name: client X, executors Y`` for each version that differs (Python: minor only)."""
+    return [
+        f"{name}: client {client[name]}, executors {executor.get(name, 'missing')}"
+        for name in client
+        if executor.get(name) != client[name]
+    ]
 
 
 def versions() -> dict[str, str]:
@@ -186,24 +248,3 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             found[name] = "missing"
     return found
-
-
-def probe_task(address: str, timeout: float, batches: Iterator[Any]) -> Iterator[Any]:
-    """Body of the probe task: this executor's versions, and whether ``address`` answers."""
-    import socket
-
-    import pyarrow as pa
-
-    for _ in batches:
-        pass
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            reached = "yes"
-    except OSError as exc:
-        reached = f"no: {exc}"
-    found = versions()
-    found["reached"] = reached
-    found["host"] = socket.gethostname()
-    found["pid"] = str(os.getpid())
-    yield pa.RecordBatch.from_pydict({"probe": [json.dumps(found)]})

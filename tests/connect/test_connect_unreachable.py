@@ -26,6 +26,15 @@ def test_unreachable_client_is_detected_and_the_run_still_returns(connect, tmp_p
     assert result == 3.0
     assert f"executors cannot reach this client at {UNREACHABLE}" in caplog.text
     assert "no live output or progress from the ranks" in caplog.text
+    # The first stage's tasks found it out before any rank started: the run started again,
+    # detached, as the same attempt.
+    assert [a.attempt for a in runner.last_run.attempts] == [0]
+    # The session's next run starts detached at once, without trying to reach the client.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sparktrain"):
+        assert runner.run(trainers.allreduce_sum) == 3.0
+    assert f"executors cannot reach this client at {UNREACHABLE}" not in caplog.text
+    assert "no live output or progress from the ranks" in caplog.text
 
 
 def test_detached_output_goes_to_the_log_dir(connect, tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""The pure pieces of the Spark Connect path: static slots, version comparison, the failure
-record a detached task raises, and the session conf."""
+"""The pure pieces of the Spark Connect path: static slots, version comparison, the records a
+detached or first-stage task raises, what the client makes of them, and the session conf."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from sparktrain.driver.connect_check import mismatches, static_slots
+from sparktrain.driver.connect_check import static_slots
 from sparktrain.errors import WorkerFailure
-from sparktrain.task.connect import FAILURE_END, FAILURE_MARK, failure_in
+from sparktrain.task.connect import FAILURE_END, FAILURE_MARK, failure_in, mismatches
 
 
 @pytest.mark.parametrize(
@@ -102,87 +102,136 @@ def test_sparktrain_conf_reads_only_our_keys(get_all):
     assert found == {"spark.sparktrain.timeout": "5m"}
 
 
-@pytest.mark.parametrize(
-    "np, slots, per_task, tasks", [(4, None, 1, 4), (4, 2, 1, 2), (4, None, 2, 2), (1, 8, 1, 1)]
-)
-def test_the_probe_runs_the_stages_tasks_within_the_promised_slots(np, slots, per_task, tasks):
+LOCAL_CLUSTER = {"spark.master": "local-cluster[2,1,1024]"}
+
+
+@pytest.mark.parametrize("setting, reachable", [(None, True), (True, True), (False, False)])
+def test_the_plan_is_made_without_a_job_and_left_to_the_first_stage(setting, reachable):
     from sparktrain.config import RunConfig
-    from sparktrain.driver.connect_check import probe_tasks
+    from sparktrain.driver.connect_check import plan_connect
 
-    assert probe_tasks(RunConfig(np=np), slots, per_task) == tasks
-
-
-def probed(monkeypatch, found):
-    """plan_connect on a local-cluster[2,1,1024] session whose probe tasks say ``found``."""
-    from sparktrain.config import RunConfig
-    from sparktrain.driver import connect_check
-
-    asked = []
-
-    def probe(session, address, timeout, tasks):
-        asked.append(tasks)
-        return [dict(each) for each in found]
-
-    monkeypatch.setattr(connect_check, "_probe", probe)
-    session = FakeSession(FakeConf({"spark.master": "local-cluster[2,1,1024]"}))
-    plan = connect_check.plan_connect(session, RunConfig(np=2, client_address="127.0.0.1"))
-    assert asked == [2]
-    return plan
+    # The fake session has no range(): a plan that ran a job would fail here.
+    config = RunConfig(np=2, client_address="10.1.2.3", client_reachable=setting)
+    plan = plan_connect(FakeSession(FakeConf(LOCAL_CLUSTER)), config)
+    assert (plan.address, plan.reachable, plan.slots, plan.checked) == (
+        "10.1.2.3",
+        reachable,
+        2,
+        False,
+    )
 
 
-def test_a_run_is_detached_when_any_probe_task_cannot_reach_the_client(monkeypatch, caplog):
-    import logging
+def first_stage_failed(found: dict) -> RuntimeError:
+    """The error a Connect client gets when a first stage's task raised what it ``found``."""
+    from sparktrain.task import connect
 
-    from sparktrain.task.connect import versions
-
-    ok = versions() | {"reached": "yes", "pid": "1"}
-    lost = versions() | {"reached": "no: timed out", "pid": "2"}
-    assert probed(monkeypatch, [ok, ok]).reachable
-    with caplog.at_level(logging.WARNING, logger="sparktrain"):
-        plan = probed(monkeypatch, [ok, lost])
-    assert not plan.reachable
-    assert "executors cannot reach this client at 127.0.0.1 (no: timed out)" in caplog.text
+    with pytest.raises(RuntimeError) as info:
+        connect._raise_check(found)
+    return RuntimeError(f"[TASK_FAILED] Job aborted ...\nPythonException: {info.value}\n")
 
 
-def test_a_version_any_probe_task_differs_in_is_named_once(monkeypatch):
+def test_a_version_the_executors_differ_in_is_refused_and_named_once():
+    from sparktrain.driver.connect_check import stage_verdict
     from sparktrain.errors import ConfigurationError
     from sparktrain.task.connect import versions
 
-    ok = versions() | {"reached": "yes"}
-    other = ok | {"torch": "1.0.0"}
-    with pytest.raises(ConfigurationError) as info:
-        probed(monkeypatch, [ok, other, other])
-    message = str(info.value)
-    assert message.count(f"torch: client {versions()['torch']}, executors 1.0.0") == 1
+    line = f"torch: client {versions()['torch']}, executors 1.0.0"
+    verdict = stage_verdict(first_stage_failed({"versions": [line, line]}))
+    assert isinstance(verdict, ConfigurationError)
+    assert str(verdict).count(line) == 1
+    assert "install the same versions on both sides" in str(verdict)
 
 
-def test_the_reach_listener_answers_every_task_connecting_at_once():
-    """However many probe tasks connect at once, none is left on a full backlog (it would time
-    out and be taken for unreachable)."""
+def test_another_python_on_the_executors_is_refused_with_the_way_out():
+    from sparktrain.driver.connect_check import stage_verdict
+    from sparktrain.errors import ConfigurationError
+
+    text = "[PYTHON_VERSION_MISMATCH] Python in worker has different version (3, 12) than that in driver 3.11"
+    verdict = stage_verdict(RuntimeError(f"Job aborted\n{text}\n"))
+    assert isinstance(verdict, ConfigurationError)
+    assert "different version (3, 12)" in str(verdict)
+    assert "use the same Python on both sides" in str(verdict)
+
+
+def test_other_stage_errors_mean_nothing_for_the_session():
+    from sparktrain.driver.connect_check import stage_verdict
+
+    assert stage_verdict(RuntimeError("Job aborted: a rank failed")) is None
+    assert stage_verdict(first_stage_failed({})) is None
+
+
+def test_a_client_not_reached_makes_the_session_detached_with_a_warning(caplog):
+    import logging
+
+    from sparktrain.config import RunConfig
+    from sparktrain.driver.connect_check import (
+        ClientUnreachable,
+        ConnectPlan,
+        stage_verdict,
+        unreached_plan,
+    )
+
+    verdict = stage_verdict(first_stage_failed({"unreached": "10.1.2.3:4 timed out"}))
+    assert isinstance(verdict, ClientUnreachable)
+    plan = ConnectPlan(address="10.1.2.3", reachable=True, slots=2)
+    with caplog.at_level(logging.WARNING, logger="sparktrain"):
+        after = unreached_plan(plan, RunConfig(np=2), verdict)
+    assert (after.reachable, after.checked, after.slots) == (False, True, 2)
+    assert "executors cannot reach this client at 10.1.2.3 (10.1.2.3:4 timed out)" in caplog.text
+
+
+def test_a_client_said_to_be_reachable_but_not_reached_is_an_error():
+    from sparktrain.config import RunConfig
+    from sparktrain.driver.connect_check import ClientUnreachable, ConnectPlan, unreached_plan
+    from sparktrain.errors import ConfigurationError
+
+    plan = ConnectPlan(address="10.1.2.3", reachable=True)
+    with pytest.raises(ConfigurationError, match="spark.sparktrain.clientReachable says they can"):
+        unreached_plan(plan, RunConfig(np=2, client_reachable=True), ClientUnreachable("no"))
+
+
+def first_stage_task(job) -> Exception:
+    """What a first stage's task raises, run here with a stand-in Arrow input."""
+    from sparktrain.task.connect import run_connect_task
+
+    with pytest.raises(RuntimeError) as info:
+        next(run_connect_task(job, iter([object()])))
+    return info.value
+
+
+def a_first_stage_job(channel: str, client_versions: dict):
+    from sparktrain.config import RunConfig
+    from sparktrain.task.assignment import TaskJob
+
+    config = RunConfig(np=2, start_timeout=60).to_json()
+    return TaskJob("r", 0, config, channel, b"k" * 32, b"", client_versions=client_versions)
+
+
+def test_a_task_whose_versions_differ_says_so_before_anything_starts():
+    from sparktrain.task.connect import check_in, versions
+
+    claimed = versions() | {"cloudpickle": "0.0.1"}
+    error = first_stage_task(a_first_stage_job("127.0.0.1:1", claimed))
+    mine = versions()["cloudpickle"]
+    assert check_in(str(error)) == {"versions": [f"cloudpickle: client 0.0.1, executors {mine}"]}
+
+
+@pytest.mark.parametrize("where", ["255.255.255.255", "refused"])
+def test_a_task_that_cannot_reach_the_client_says_so_at_once(where):
     import socket
-    import threading
+    import time
 
-    from sparktrain.driver.connect_check import REACH_TIMEOUT, _accepting
+    from sparktrain.task.connect import REACH_TIMEOUT, check_in, versions
 
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        address = listener.getsockname()
-        reached: list[bool] = []
-        start = threading.Barrier(100)
-
-        def task() -> None:
-            start.wait()
-            try:
-                with socket.create_connection(address, timeout=REACH_TIMEOUT):
-                    reached.append(True)
-            except OSError:
-                reached.append(False)
-
-        with _accepting(listener):
-            threads = [threading.Thread(target=task) for _ in range(100)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-    assert reached.count(True) == 100
+    if where == "refused":  # a port nothing listens on
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            where = f"127.0.0.1:{sock.getsockname()[1]}"
+    else:
+        where += ":7077"
+    start = time.monotonic()
+    error = first_stage_task(a_first_stage_job(where, versions()))
+    found = check_in(str(error))
+    assert found is not None and where in found["unreached"]
+    # Not the run's start_timeout (60 s): at most the reach time.
+    assert time.monotonic() - start < REACH_TIMEOUT + 1

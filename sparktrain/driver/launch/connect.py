@@ -162,6 +162,8 @@ class ConnectLaunch:
         self.description = description
         # Detached tasks never say hello: the monitor then waits on the job alone.
         self.detached = not job.channel
+        # The error the stage's job raised, if it did (a first stage's check is read from it).
+        self.stage_error: BaseException | None = None
         self._cancelled = threading.Event()
 
     def start(self, done: Done) -> None:
@@ -176,6 +178,7 @@ class ConnectLaunch:
                 )
                 records = [pickle.loads(value) for value in _column(stage, RECORD_COLUMN)]
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
+                self.stage_error = exc
                 try:
                     records = [_failed_record(failure_in(str(exc)))]
                 except ValueError:  # no failure record (or a malformed one) in the error
