@@ -31,6 +31,7 @@ from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_for
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
+from sparktrain.task.zygotes import deferred_starts
 from sparktrain.wire import protocol
 
 RECORD_COLUMN = "record"
@@ -135,14 +136,17 @@ def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
         different = mismatches(job.client_versions, versions())
         if different:
             _raise_check({"versions": different})
-    if not job.channel:
-        records = _run_detached(job)
-    elif job.client_versions is None:
-        records = list(run_spark_task(job, iter(())))
-    else:
-        records = _run_reached(job)
-    rows = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in records]
-    yield pa.RecordBatch.from_pydict({RECORD_COLUMN: pa.array(rows, type=pa.binary())})
+    # The zygotes of this task's cold ranks start once its output is out (see zygotes).
+    with deferred_starts() as start_zygotes:
+        if not job.channel:
+            records = _run_detached(job)
+        elif job.client_versions is None:
+            records = list(run_spark_task(job, iter(())))
+        else:
+            records = _run_reached(job)
+        rows = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in records]
+        yield pa.RecordBatch.from_pydict({RECORD_COLUMN: pa.array(rows, type=pa.binary())})
+        start_zygotes()
 
 
 def _run_reached(job: TaskJob) -> list[dict[str, Any]]:

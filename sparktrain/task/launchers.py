@@ -39,7 +39,7 @@ from sparktrain.task.rank_outcomes import (
     with_stack,
 )
 from sparktrain.task.zygote_share import Key
-from sparktrain.task.zygotes import LOAD_WAIT, import_key, zygote_for
+from sparktrain.task.zygotes import LOAD_WAIT, import_key, start_after_ranks, zygote_for
 from sparktrain.wire import protocol
 
 # Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task: called
@@ -201,7 +201,7 @@ class ProcessLauncher(RankLauncher):
                 records = self._supervise(mine, procs, workdir)
             for env, cwd in cold.values():
                 # Only now, so that it does not load beside the cold ranks (see zygotes).
-                zygote_for(env, cwd, shared=self.session.in_executor)
+                start_after_ranks(env, cwd, self.session.in_executor)
             return records
         finally:
             if holds_rank0:

@@ -8,7 +8,10 @@ spends importing torch. The zygote loads after the cold ranks, not beside them: 
 torch beside them would take the CPU they need for their own imports and first steps (on a
 2-core host it doubled the time a cold rank took to import torch), and a rank that finds its
 zygote still loading waits for it (up to :data:`LOAD_WAIT`), which is never slower than a new
-interpreter importing the same modules beside it. A rank whose environment
+interpreter importing the same modules beside it. A Spark Connect task starts its zygotes
+later still, once its output has been handed to Spark (:func:`deferred_starts`): the
+session's first job ends while they load otherwise, and on a small host that end, Spark's
+own first pass through its result path, then shares the CPU with them. A rank whose environment
 differs on any other variable (another ``OMP_NUM_THREADS``, a new ``PYTHONPATH``) gets a
 zygote of its own.
 
@@ -40,7 +43,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from sparktrain import contract
@@ -295,6 +298,42 @@ _zygotes_lock = threading.Lock()
 # Environments whose zygote could not fork (it failed to load, or loaded CUDA or threads):
 # their ranks start cold without trying again.
 _unusable: set[Key] = set()
+
+
+# While a task defers them (see deferred_starts): the zygotes its launcher asks to start.
+_deferred: list[tuple[Mapping[str, str], str, bool]] | None = None
+
+
+def start_after_ranks(env: Mapping[str, str], cwd: str, shared: bool) -> None:
+    """Start the zygote of a cold rank's environment once the cold ranks have ended: at once,
+    or when the task deferring starts ends (:func:`deferred_starts`)."""
+    with _zygotes_lock:
+        if _deferred is not None:
+            _deferred.append((env, cwd, shared))
+            return
+    zygote_for(env, cwd, shared=shared)
+
+
+@contextlib.contextmanager
+def deferred_starts() -> Iterator[Callable[[], None]]:
+    """Within the block, zygotes asked for by :func:`start_after_ranks` wait; the callable
+    it gives starts them (a task calls it once its output is out). One task at a time per
+    process (a Python worker runs one), and a block left early drops what it kept."""
+    global _deferred
+    kept: list[tuple[Mapping[str, str], str, bool]] = []
+    with _zygotes_lock:
+        _deferred = kept
+
+    def start() -> None:
+        while kept:
+            env, cwd, shared = kept.pop(0)
+            zygote_for(env, cwd, shared=shared)
+
+    try:
+        yield start
+    finally:
+        with _zygotes_lock:
+            _deferred = None
 
 
 def _make_room() -> bool:

@@ -416,3 +416,21 @@ def test_a_zygote_that_hangs_after_its_socket_ended_is_killed_and_reaped() -> No
     zygote._lost()
     assert zygote.gone
     assert stuck.returncode == -signal.SIGKILL
+
+
+def test_a_task_deferring_starts_starts_its_zygotes_only_when_it_says(monkeypatch):
+    """A Spark Connect task starts its cold ranks' zygotes once its output is out: within the
+    block they wait; a block left early (the task's generator closed) starts none."""
+    started: list[str] = []
+    monkeypatch.setattr(zygotes, "zygote_for", lambda env, cwd, shared=False: started.append(cwd))
+    with zygotes.deferred_starts() as start:
+        zygotes.start_after_ranks({}, "/a", True)
+        zygotes.start_after_ranks({}, "/b", True)
+        assert started == []
+        start()
+        assert started == ["/a", "/b"]
+    with zygotes.deferred_starts():
+        zygotes.start_after_ranks({}, "/c", True)
+    assert started == ["/a", "/b"]
+    zygotes.start_after_ranks({}, "/d", False)  # no task deferring: at once
+    assert started == ["/a", "/b", "/d"]
