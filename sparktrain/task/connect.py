@@ -169,8 +169,7 @@ def _run_reached(job: TaskJob) -> list[dict[str, Any]]:
 
 
 def _raise_check(found: dict[str, Any]) -> NoReturn:
-    encoded = base64.b64encode(json.dumps(found).encode()).decode()
-    raise RuntimeError(f"sparktrain's first-stage check {CHECK_MARK}{encoded}{CHECK_END}")
+    raise RuntimeError(f"sparktrain's first-stage check {_mark(found, CHECK_MARK, CHECK_END)}")
 
 
 def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
@@ -204,8 +203,7 @@ def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
             # loss: give the peer's own failure time to end the stage (which kills this task)
             # before offering this one instead.
             threading.Event().wait(job.run_config.grace_period + PEER_FAILURE_WAIT)
-        encoded = base64.b64encode(json.dumps(failure).encode()).decode()
-        raise RuntimeError(f"a rank failed {FAILURE_MARK}{encoded}{FAILURE_END}")
+        raise RuntimeError(f"a rank failed {_mark(failure, FAILURE_MARK, FAILURE_END)}")
     return records
 
 
@@ -218,6 +216,11 @@ def check_in(text: str) -> dict[str, Any] | None:
     """What a first stage's task found (``versions``: the differences, or ``unreached``: why
     the channel was not reached), from the text of the job's error; None if no task said."""
     return _marked(text, CHECK_MARK, CHECK_END)
+
+
+def _mark(data: dict[str, Any], mark: str, end_mark: str) -> str:
+    """``data`` as text that survives inside a job's error, for :func:`_marked` to find."""
+    return f"{mark}{base64.b64encode(json.dumps(data).encode()).decode()}{end_mark}"
 
 
 def _marked(text: str, mark: str, end_mark: str) -> dict[str, Any] | None:
