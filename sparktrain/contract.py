@@ -82,6 +82,9 @@ ZYGOTE_SHARE_ENV = "_SPARKTRAIN_ZYGOTE_SHARE"
 ZYGOTE_ANCHOR_FD_ENV = "_SPARKTRAIN_ZYGOTE_ANCHOR_FD"
 # Seconds a shared zygote waits for a new owner once its last one went away.
 ZYGOTE_UNOWNED_ENV = "_SPARKTRAIN_ZYGOTE_UNOWNED"
+# The fd a zygote waits to see end (EOF) before it loads: its task's connection to the driver,
+# which the driver closes once it has the task's output.
+ZYGOTE_HOLD_FD_ENV = "_SPARKTRAIN_ZYGOTE_HOLD_FD"
 # torchrun's one role: every rank's ROLE_NAME.
 ROLE_NAME = "default"
 # Where a rank is: what torch.distributed's env:// rendezvous and launchers read, with the

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
 import sys
 import threading
@@ -31,7 +32,6 @@ from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_for
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
-from sparktrain.task.zygotes import deferred_starts
 from sparktrain.wire import protocol
 
 RECORD_COLUMN = "record"
@@ -72,6 +72,27 @@ class DetachedSession(TaskSession):
         self.context = context
         # What this task said of its slots (one per rank it runs).
         self._infos: list[dict[str, Any]] = []
+        # The pipe this task's zygotes hold: its read end is theirs (closed here once they
+        # have it), its write end is closed by output_out.
+        self._theirs: int | None = None
+        self._gate: int | None = None
+
+    def _hold(self) -> int | None:
+        """A pipe's read end: with no connection to the client, the zygotes wait for the
+        task's output to be out instead (:meth:`output_out` closes the other end)."""
+        self._theirs, self._gate = os.pipe()
+        return self._theirs
+
+    def _release(self, held: bool) -> None:
+        theirs, self._theirs = self._theirs, None
+        if theirs is not None:
+            os.close(theirs)
+
+    def output_out(self) -> None:
+        """The task's output has been handed to Spark: its zygotes may load. Idempotent."""
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            os.close(gate)
 
     def send(self, message: dict[str, Any]) -> None:
         """Keep this task's own hellos (the one message the layout needs); drop the rest."""
@@ -136,17 +157,27 @@ def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
         different = mismatches(job.client_versions, versions())
         if different:
             _raise_check({"versions": different})
-    # The zygotes of this task's cold ranks start once its output is out (see zygotes).
-    with deferred_starts() as start_zygotes:
-        if not job.channel:
-            records = _run_detached(job)
+    # Detached, the zygotes of this task's cold ranks load once its output is out (attached,
+    # once the client has it: see TaskSession.finish).
+    detached = None if job.channel else DetachedSession(job, _barrier_context())
+    try:
+        if detached is not None:
+            records = _run_detached(job, detached)
         elif job.client_versions is None:
             records = list(run_spark_task(job, iter(())))
         else:
             records = _run_reached(job)
         rows = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in records]
         yield pa.RecordBatch.from_pydict({RECORD_COLUMN: pa.array(rows, type=pa.binary())})
-        start_zygotes()
+    finally:
+        if detached is not None:
+            detached.output_out()
+
+
+def _barrier_context() -> Any:
+    from pyspark import BarrierTaskContext
+
+    return BarrierTaskContext.get()
 
 
 def _run_reached(job: TaskJob) -> list[dict[str, Any]]:
@@ -162,23 +193,20 @@ def _run_reached(job: TaskJob) -> list[dict[str, Any]]:
         _raise_check({"unreached": str(exc)})
     except ConnectionRefusedError as exc:
         _raise_check({"unreached": f"{job.channel}: {exc}"})
+    session = TaskSession(job, client)
     try:
-        return list(run_spark_task(job, iter(()), session=TaskSession(job, client)))
+        return list(run_spark_task(job, iter(()), session=session))
     finally:
-        client.close()
+        session.finish()  # if the task ended before its ranks' session did
 
 
 def _raise_check(found: dict[str, Any]) -> NoReturn:
     raise RuntimeError(f"sparktrain's first-stage check {_mark(found, CHECK_MARK, CHECK_END)}")
 
 
-def _run_detached(job: TaskJob) -> list[dict[str, Any]]:
-    from pyspark import BarrierTaskContext
-
+def _run_detached(job: TaskJob, session: DetachedSession) -> list[dict[str, Any]]:
     from sparktrain.task.entry import run_spark_task
 
-    context = BarrierTaskContext.get()
-    session = DetachedSession(job, context)
     try:
         records = list(run_spark_task(job, iter(()), session=session))
     finally:

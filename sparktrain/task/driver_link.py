@@ -26,6 +26,7 @@ from sparktrain.layout.rendezvous import GoAssembler
 from sparktrain.task import workdirs
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.logs import LogForwarder, RankFiles, log_folder
+from sparktrain.task.zygotes import zygote_for
 from sparktrain.wire import protocol
 
 # One event: (kind, id, value). Kinds: "exit" (process key, exit code), "abort" (-1, reason),
@@ -85,6 +86,14 @@ class TaskSession:
         # run's own files live in workdir(). The SparkFiles root, when the task knows one.
         self.cwd = os.getcwd()
         self.spark_files: str | None = None
+        # The environments (and folders) of cold ranks whose zygotes start at finish().
+        self._warm: list[tuple[dict[str, str], str]] = []
+        self._finished = False
+        # Whether a thread reads the driver's messages (listen), and whether it has ended;
+        # under the lock, the one of it and _release that comes last closes the connection.
+        self._reading = False
+        self._read_ended = False
+        self._link_lock = threading.Lock()
 
     # -- the driver -----------------------------------------------------------------------
 
@@ -127,14 +136,68 @@ class TaskSession:
             self.forwarder.close()
         self.files.close()
 
+    def warm_later(self, env: dict[str, str], cwd: str) -> None:
+        """Have a zygote for ranks with ``env`` in ``cwd`` load once the driver has this
+        task's output (see :meth:`finish`): a later run's ranks are forked from it."""
+        self._warm.append((env, cwd))
+
+    def finish(self) -> None:
+        """End the link to the driver (idempotent); called once the task's ranks are done
+        and the driver was told.
+
+        The zygotes asked for by :meth:`warm_later` start now and wait to load until the
+        driver has the task's output: each holds this task's connection, which the driver
+        closes then (after the job's end), so loading them does not slow that end.
+        """
+        if self._finished:
+            return
+        self._finished = True
+        kept, self._warm = self._warm, []
+        hold = self._hold() if kept else None
+        try:
+            for env, cwd in kept:
+                zygote_for(env, cwd, shared=self.in_executor, hold=hold)
+        finally:
+            self._release(held=hold is not None)
+
+    def _hold(self) -> int | None:
+        """What this task's zygotes wait to see end before they load: its connection."""
+        client = self.client
+        return None if client is None or client.closed else client.fileno()
+
+    def _release(self, held: bool) -> None:
+        """Close the connection; when a zygote holds it, close this process's descriptor
+        alone, and only once no thread of this process reads it any more (a descriptor
+        closed under a blocked reader may be reused by the next one opened, and read)."""
+        client = self.client
+        if client is None:
+            return
+        if not held:
+            client.close()
+            return
+        with self._link_lock:
+            client.stop()
+            if not self._reading or self._read_ended:
+                client.close(shut=False)
+
     def listen(self) -> None:
         """Turn the driver's abort (or its disappearance) into an abort event."""
         if self.client is None:
             return
         client = self.client
         assembler = GoAssembler()
+        self._reading = True
 
         def read() -> None:
+            try:
+                listen_to(client)
+            finally:
+                with self._link_lock:
+                    self._read_ended = True
+                    if client.closed:  # stopped by _release: the descriptor is this one's
+                        client.close(shut=False)
+
+        def listen_to(client: wire.ChannelClient) -> None:
             try:
                 while True:
                     message = client.receive()

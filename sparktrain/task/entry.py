@@ -70,10 +70,11 @@ def _session(
     """The session (``session``, or one over a new connection to the driver) and the launcher
     of tasks ``indices``.
 
-    On the way out the launcher is closed and the driver is told that these tasks have exited.
+    On the way out the launcher is closed, the driver is told that these tasks have exited,
+    and the session is finished (:meth:`~sparktrain.task.driver_link.TaskSession.finish`).
     """
-    client = None
     if session is None:
+        client = None
         try:
             client = wire.ChannelClient(job.channel, job.key, timeout=job.run_config.start_timeout)
         except OSError as exc:
@@ -87,8 +88,7 @@ def _session(
         session.close_logs()  # the ranks' last lines come before the word that they exited
         for index in indices:
             session.send(protocol.EXITED(index=index))
-        if client is not None:
-            client.close()
+        session.finish()
 
 
 def _hello(session: TaskSession, info: TaskInfo) -> None:

@@ -39,7 +39,7 @@ from sparktrain.task.rank_outcomes import (
     with_stack,
 )
 from sparktrain.task.zygote_share import Key
-from sparktrain.task.zygotes import LOAD_WAIT, import_key, start_after_ranks, zygote_for
+from sparktrain.task.zygotes import LOAD_WAIT, import_key, zygote_for
 from sparktrain.wire import protocol
 
 # Hands what rank 0's task prepared (e.g. a rendezvous server's address) to every task: called
@@ -200,8 +200,8 @@ class ProcessLauncher(RankLauncher):
                 procs = {r.rank: self._spawn(spec, r, backend, shared, workdir, cold) for r in mine}
                 records = self._supervise(mine, procs, workdir)
             for env, cwd in cold.values():
-                # Only now, so that it does not load beside the cold ranks (see zygotes).
-                start_after_ranks(env, cwd, self.session.in_executor)
+                # Not beside the cold ranks, nor beside the job's end (see zygotes).
+                self.session.warm_later(env, cwd)
             return records
         finally:
             if holds_rank0:

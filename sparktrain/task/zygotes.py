@@ -8,10 +8,10 @@ spends importing torch. The zygote loads after the cold ranks, not beside them: 
 torch beside them would take the CPU they need for their own imports and first steps (on a
 2-core host it doubled the time a cold rank took to import torch), and a rank that finds its
 zygote still loading waits for it (up to :data:`LOAD_WAIT`), which is never slower than a new
-interpreter importing the same modules beside it. A Spark Connect task starts its zygotes
-later still, once its output has been handed to Spark (:func:`deferred_starts`): the
-session's first job ends while they load otherwise, and on a small host that end, Spark's
-own first pass through its result path, then shares the CPU with them. A rank whose environment
+interpreter importing the same modules beside it. A task's zygote waits later still, until
+the driver has the task's output (its ``hold``, see :mod:`sparktrain.worker.zygote`): the
+session's first job ends while it loads otherwise, and on a small host that end, Spark's own
+first pass through its result path, then shares the CPU with it. A rank whose environment
 differs on any other variable (another ``OMP_NUM_THREADS``, a new ``PYTHONPATH``) gets a
 zygote of its own.
 
@@ -43,7 +43,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from sparktrain import contract
@@ -132,10 +132,15 @@ class Zygote:
         cwd: their working directory.
         share: where it takes other owners once loaded (see :func:`share_path`), with the
             pidfd of the process it must not outlive; None: it serves this process alone.
+        hold: an fd it waits to see end before it loads (see :mod:`sparktrain.worker.zygote`).
     """
 
     def __init__(
-        self, env: Mapping[str, str], cwd: str, share: tuple[str, int] | None = None
+        self,
+        env: Mapping[str, str],
+        cwd: str,
+        share: tuple[str, int] | None = None,
+        hold: int | None = None,
     ) -> None:
         self.key = import_key(env, cwd)
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -148,6 +153,9 @@ class Zygote:
             early[contract.ZYGOTE_ANCHOR_FD_ENV] = str(share[1])
             early[contract.ZYGOTE_UNOWNED_ENV] = str(ZYGOTE_UNOWNED)
             fds.append(share[1])
+        if hold is not None:
+            early[contract.ZYGOTE_HOLD_FD_ENV] = str(hold)
+            fds.append(hold)
         try:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [sys.executable, "-m", "sparktrain.worker.zygote"],
@@ -300,42 +308,6 @@ _zygotes_lock = threading.Lock()
 _unusable: set[Key] = set()
 
 
-# While a task defers them (see deferred_starts): the zygotes its launcher asks to start.
-_deferred: list[tuple[Mapping[str, str], str, bool]] | None = None
-
-
-def start_after_ranks(env: Mapping[str, str], cwd: str, shared: bool) -> None:
-    """Start the zygote of a cold rank's environment once the cold ranks have ended: at once,
-    or when the task deferring starts ends (:func:`deferred_starts`)."""
-    with _zygotes_lock:
-        if _deferred is not None:
-            _deferred.append((env, cwd, shared))
-            return
-    zygote_for(env, cwd, shared=shared)
-
-
-@contextlib.contextmanager
-def deferred_starts() -> Iterator[Callable[[], None]]:
-    """Within the block, zygotes asked for by :func:`start_after_ranks` wait; the callable
-    it gives starts them (a task calls it once its output is out). One task at a time per
-    process (a Python worker runs one), and a block left early drops what it kept."""
-    global _deferred
-    kept: list[tuple[Mapping[str, str], str, bool]] = []
-    with _zygotes_lock:
-        _deferred = kept
-
-    def start() -> None:
-        while kept:
-            env, cwd, shared = kept.pop(0)
-            zygote_for(env, cwd, shared=shared)
-
-    try:
-        yield start
-    finally:
-        with _zygotes_lock:
-            _deferred = None
-
-
 def _make_room() -> bool:
     """Let the oldest idle zygotes go until there is room for one more (lock held).
 
@@ -354,7 +326,12 @@ def _make_room() -> bool:
 
 
 def _open(
-    env: Mapping[str, str], cwd: str, key: Key, shared: bool, start: bool = True
+    env: Mapping[str, str],
+    cwd: str,
+    key: Key,
+    shared: bool,
+    start: bool = True,
+    hold: int | None = None,
 ) -> Zygote | None:
     """This executor's zygote for ``key`` when one answers, else a new one when ``start``
     (lock held)."""
@@ -370,10 +347,10 @@ def _open(
             with contextlib.suppress(OSError):  # no pidfds here (an old kernel, a sandbox)
                 pidfd = os.pidfd_open(anchor)
                 try:
-                    return Zygote(env, cwd, (path, pidfd))
+                    return Zygote(env, cwd, (path, pidfd), hold)
                 finally:
                     os.close(pidfd)
-        return Zygote(env, cwd)  # it serves this process alone
+        return Zygote(env, cwd, hold=hold)  # it serves this process alone
     except OSError as exc:
         _log.debug("no zygote: %s", exc)
         return None
@@ -385,6 +362,7 @@ def zygote_for(
     wait: float = 0.0,
     shared: bool = False,
     start: bool = True,
+    hold: int | None = None,
 ) -> Zygote | None:
     """A loaded zygote for ranks with ``env`` in ``cwd``; one is started if none fits and
     ``start`` says so.
@@ -398,6 +376,7 @@ def zygote_for(
             serves the executor's later workers too, until the executor ends.
         start: start one when none fits (a launcher asks for that once its cold ranks have
             ended, so that it does not load beside them).
+        hold: an fd a zygote started now waits to see end before it loads.
 
     Returns:
         None when no loaded zygote can be had now: start the rank cold.
@@ -412,7 +391,7 @@ def zygote_for(
                 del _zygotes[key]
             if not _make_room():
                 return None  # every zygote kept has ranks running: this one starts cold
-            found = _open(env, cwd, key, shared, start)
+            found = _open(env, cwd, key, shared, start, hold)
             if found is None:
                 return None
             zygote = _zygotes[key] = found

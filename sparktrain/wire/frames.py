@@ -233,6 +233,7 @@ class ChannelClient:
         self._recv_seq = 0
         self._lock = threading.Lock()
         self.closed = False
+        self._released = False
         self.attempts = 0
         deadline = time.monotonic() + timeout
         pause = RETRY_FIRST
@@ -291,7 +292,9 @@ class ChannelClient:
         return sock, nonce
 
     def send(self, message: dict[str, Any]) -> None:
-        """Send one message; raises OSError if the connection is gone."""
+        """Send one message; raises OSError if the connection is gone or closed here."""
+        if self.closed:
+            raise OSError("this connection was closed")
         with self._lock:
             frame = encode(self._key, self._nonce, TO_SERVER, self._send_seq, message)
             self._send_seq += 1
@@ -303,8 +306,27 @@ class ChannelClient:
         self._recv_seq += 1
         return message
 
-    def close(self) -> None:
-        """Close the connection; further sends raise OSError."""
+    def fileno(self) -> int:
+        """The connection's file descriptor (for a child process to hold, see :meth:`stop`)."""
+        return self._sock.fileno()
+
+    def stop(self) -> None:
+        """Send no more on it, and let a reader's error end it quietly, but leave the
+        connection open: a child process given a copy of it holds it until the server closes
+        it. :meth:`close` (``shut=False``) then closes this process's descriptor."""
         self.closed = True
-        shutdown(self._sock)
+
+    def close(self, shut: bool = True) -> None:
+        """Close the connection; further sends raise OSError. Idempotent.
+
+        Args:
+            shut: end the connection itself, waking a thread blocked reading it. False closes
+                this process's descriptor alone: a copy of it elsewhere keeps the connection.
+        """
+        self.closed = True
+        if self._released:
+            return
+        self._released = True
+        if shut:
+            shutdown(self._sock)
         self._sock.close()

@@ -20,6 +20,12 @@ What guarantees that a forked rank behaves like a fresh ``python -m sparktrain.w
 * The server runs a single Python thread and forks from it; no rank is forked from a thread
   that holds a lock.
 
+A zygote may be given a *hold*: a file descriptor it waits on before loading, until the other
+end closes it (or :data:`HOLD_MOST` seconds pass). A task gives its connection to the driver,
+which the driver closes once it has the task's output: the seconds of CPU a load takes then
+do not slow the end of the Spark job that started it (on a small host the job's last steps
+and the load otherwise share the cores).
+
 The server exits after ``_SPARKTRAIN_ZYGOTE_IDLE`` seconds without work, and: when its owner
 closes the socket (the owner ended, however it ended); or, shared by an executor's Python
 workers, when the executor's Python daemon ends (a pidfd says so), taking each later worker
@@ -50,6 +56,9 @@ MAX_MESSAGE = 1 << 20
 # for the gap between two runs (Spark stops a worker idle for a minute; another job's task may
 # take it), short enough that the zygotes of environments no longer used do not pile up.
 UNOWNED_IDLE = 180.0
+# Most seconds a zygote waits for its hold to end before it loads anyway (a driver that never
+# closed its connection: hung, or cut off without a word).
+HOLD_MOST = 30.0
 # A Unix socket's name, in bytes, with its terminating NUL (Linux's sun_path).
 SOCKET_NAME_MAX = 108
 
@@ -75,6 +84,33 @@ def _preload() -> dict[str, Any]:
             info["cuda_initialized"] = bool(torch.cuda.is_initialized())
     info["threads"] = _python_threads()
     return info
+
+
+def _await_release(hold: int, watch: list[int], most: float = HOLD_MOST) -> bool:
+    """Wait until ``hold`` ends (EOF or an error; what arrives on it meanwhile is dropped) or
+    ``most`` seconds pass; then close it.
+
+    Returns:
+        False when one of ``watch`` (the owner's socket, the anchor's pidfd) said first that
+        there is no one left to load for.
+    """
+    deadline = time.monotonic() + most
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            ready, _, _ = select.select([hold, *watch], [], [], left)
+            if any(fd in ready for fd in watch):
+                return False
+            if hold in ready:
+                try:
+                    if not os.read(hold, 1 << 16):
+                        return True
+                except OSError:
+                    return True
+    finally:
+        os.close(hold)
 
 
 def _python_threads() -> int:
@@ -318,7 +354,13 @@ def main() -> NoReturn:
     path = os.environ.pop(contract.ZYGOTE_SHARE_ENV, "")
     anchor = int(os.environ.pop(contract.ZYGOTE_ANCHOR_FD_ENV, "-1"))
     unowned = float(os.environ.pop(contract.ZYGOTE_UNOWNED_ENV, str(UNOWNED_IDLE)))
+    hold = int(os.environ.pop(contract.ZYGOTE_HOLD_FD_ENV, "-1"))
     sock = socket.socket(fileno=fd)
+    if hold >= 0:
+        # Unshared, it serves its owner alone: an owner gone leaves nothing to load for.
+        watch = [fd for fd in (anchor, -1 if path else fd) if fd >= 0]
+        if not _await_release(hold, watch):
+            os._exit(0)
     info = _preload()
     hello: dict[str, Any] = {"ready": info, "pid": os.getpid()}
     share = None

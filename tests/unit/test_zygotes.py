@@ -22,10 +22,17 @@ from typing import Any
 import psutil
 import pytest
 
-from sparktrain import contract
+from sparktrain import contract, wire
+from sparktrain.config import RunConfig
+from sparktrain.driver.channel import ChannelServer
 from sparktrain.shipping.payload import dump_call, load_result
 from sparktrain.task import zygotes
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.connect import DetachedSession
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import RankProcess
+from sparktrain.wire import protocol
+from sparktrain.worker.zygote import HOLD_MOST
 from tests.unit.test_supervise import ROOT, _expect_both, _lines_of, wait_gone
 
 # Functions pickled by value (like a notebook's), so the ranks need no tests/ package.
@@ -346,9 +353,16 @@ def test_an_unused_zygote_exits_by_itself(ranks: Ranks, monkeypatch: pytest.Monk
 
 OWNER = r"""
 import os, sys, time
-from sparktrain import contract
+from sparktrain import contract, wire
+from sparktrain.config import RunConfig
+from sparktrain.driver.channel import ChannelServer
 from sparktrain.task import zygotes
+from sparktrain.task.assignment import TaskJob
+from sparktrain.task.connect import DetachedSession
+from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import RankProcess
+from sparktrain.wire import protocol
+from sparktrain.worker.zygote import HOLD_MOST
 
 payload, workdir = sys.argv[1], sys.argv[2]
 env = dict(os.environ)
@@ -418,19 +432,129 @@ def test_a_zygote_that_hangs_after_its_socket_ended_is_killed_and_reaped() -> No
     assert stuck.returncode == -signal.SIGKILL
 
 
-def test_a_task_deferring_starts_starts_its_zygotes_only_when_it_says(monkeypatch):
-    """A Spark Connect task starts its cold ranks' zygotes once its output is out: within the
-    block they wait; a block left early (the task's generator closed) starts none."""
-    started: list[str] = []
-    monkeypatch.setattr(zygotes, "zygote_for", lambda env, cwd, shared=False: started.append(cwd))
-    with zygotes.deferred_starts() as start:
-        zygotes.start_after_ranks({}, "/a", True)
-        zygotes.start_after_ranks({}, "/b", True)
-        assert started == []
-        start()
-        assert started == ["/a", "/b"]
-    with zygotes.deferred_starts():
-        zygotes.start_after_ranks({}, "/c", True)
-    assert started == ["/a", "/b"]
-    zygotes.start_after_ranks({}, "/d", False)  # no task deferring: at once
-    assert started == ["/a", "/b", "/d"]
+def _held(zygote: zygotes.Zygote) -> bool:
+    """Whether ``zygote`` waits on its hold: asleep in select with torch not loaded (once it
+    has loaded, it serves its owner from a select, with torch mapped)."""
+    pid = zygote.proc.pid if zygote.proc is not None else zygote.pid
+
+    def waiting() -> bool:
+        try:
+            return "poll" in Path(f"/proc/{pid}/wchan").read_text() or zygote.loaded()
+        except OSError:
+            return True
+
+    assert _wait_for(waiting, 60), "the zygote never got to wait"
+    return "libtorch" not in Path(f"/proc/{pid}/maps").read_text() and not zygote.loaded()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = threading.Event()
+    timer = threading.Timer(timeout, deadline.set)
+    timer.start()
+    try:
+        while not condition():
+            if deadline.wait(0.05):
+                return condition()
+        return True
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_held_zygote_loads_only_once_its_hold_ends(ranks: Ranks) -> None:
+    env = ranks.env(0, OMP_NUM_THREADS="3")
+    key = zygotes.import_key(env, ranks.cwd)
+    theirs, gate = os.pipe()
+    try:
+        assert zygotes.zygote_for(env, ranks.cwd, hold=theirs) is None
+    finally:
+        os.close(theirs)
+    held = zygotes._zygotes[key]
+    try:
+        assert _held(held)
+        os.write(gate, b"what arrives meanwhile is dropped")
+        assert _held(held)
+    finally:
+        os.close(gate)
+    # The hold ended: it loads, and the next rank forks from it.
+    assert zygotes.zygote_for(env, ranks.cwd, wait=120, start=False) is held
+    assert held.usable()
+    held.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_held_zygote_whose_owner_went_away_exits_without_loading(ranks: Ranks) -> None:
+    env = ranks.env(0, OMP_NUM_THREADS="5")
+    key = zygotes.import_key(env, ranks.cwd)
+    theirs, gate = os.pipe()
+    try:
+        assert zygotes.zygote_for(env, ranks.cwd, hold=theirs) is None
+        os.close(theirs)
+        held = zygotes._zygotes.pop(key)
+        assert _held(held)
+        held.close()
+        assert held.proc is not None
+        # Ended by its owner's leaving, well before HOLD_MOST would have let it load.
+        assert held.proc.wait(HOLD_MOST / 2) == 0
+        assert held.info is None
+    finally:
+        os.close(gate)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_task_s_zygote_loads_once_the_driver_closes_its_connection(ranks: Ranks) -> None:
+    """A finished task's zygotes hold its connection to the driver (not shut: the driver sees
+    it open) and load when the driver closes it, after the job's end."""
+    env = ranks.env(0, OMP_NUM_THREADS="7")
+    key = zygotes.import_key(env, ranks.cwd)
+    with ChannelServer(wire.new_key()) as server:
+        job = TaskJob(
+            run_id="holdtest",
+            attempt=0,
+            config=RunConfig(np=1).to_json(),
+            channel=server.address,
+            key=server.key,
+            payload=b"",
+        )
+        session = TaskSession(job, wire.ChannelClient(server.address, server.key, timeout=10))
+        session.cwd = ranks.cwd
+        session.listen()
+        session.send(protocol.EXITED(index=0))
+        assert server.events.get(timeout=10)[1]["type"] == protocol.EXITED.name
+        session.warm_later(env, ranks.cwd)
+        session.finish()
+        session.finish()  # again, as a first stage's task does when it ends: nothing more
+        held = zygotes._zygotes[key]
+        assert session.client is not None and session.client.closed
+        assert _held(held)
+        assert server.events.empty()  # the task's connection is still open
+        # This process's descriptor stays open while its reader reads it.
+        assert session.client.fileno() >= 0
+    # The driver closed it: the zygote loads, and the reader closed this end.
+    assert zygotes.zygote_for(env, ranks.cwd, wait=120, start=False) is held
+    assert _wait_for(lambda: session.client.fileno() == -1, 30)
+    held.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_detached_task_s_zygote_loads_once_its_output_is_out(ranks: Ranks) -> None:
+    env = ranks.env(0, OMP_NUM_THREADS="8")
+    key = zygotes.import_key(env, ranks.cwd)
+    job = TaskJob(
+        run_id="detachedhold",
+        attempt=0,
+        config=RunConfig(np=1).to_json(),
+        channel="",
+        key=b"k" * 32,
+        payload=b"",
+    )
+    session = DetachedSession(job, None)
+    session.warm_later(env, ranks.cwd)
+    session.finish()
+    session.finish()  # idempotent: nothing closed twice
+    held = zygotes._zygotes[key]
+    assert _held(held)
+    session.output_out()
+    assert zygotes.zygote_for(env, ranks.cwd, wait=120, start=False) is held
+    held.close()
+    session.output_out()
