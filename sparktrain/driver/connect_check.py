@@ -33,6 +33,10 @@ _log = get_logger(__name__)
 _LOCAL = re.compile(r"^local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")
 _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
 
+# Spark's own words for a worker on another Python (its error class is
+# PYTHON_VERSION_MISMATCH from 3.5 on), not a user's "different version" anywhere in the text.
+SPARK_PYTHON_MISMATCH = "Python in worker has different version"
+
 
 @dataclasses.dataclass(frozen=True)
 class ConnectPlan:
@@ -161,7 +165,7 @@ def stage_verdict(error: BaseException) -> Exception | None:
     """What a failed stage of a session's first run means for the session, if anything: a
     :class:`ConfigurationError` (versions differ), or :class:`ClientUnreachable`."""
     text = str(error)
-    if "PYTHON_VERSION_MISMATCH" in text or "different version" in text:
+    if "PYTHON_VERSION_MISMATCH" in text or SPARK_PYTHON_MISMATCH in text:
         return ConfigurationError(
             "the executors run another Python minor version than this client: "
             f"{_first(text)}; use the same Python on both sides"

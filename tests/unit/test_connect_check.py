@@ -157,6 +157,11 @@ def test_other_stage_errors_mean_nothing_for_the_session():
     from sparktrain.driver.connect_check import stage_verdict
 
     assert stage_verdict(RuntimeError("Job aborted: a rank failed")) is None
+    # A user's own error in the first stage, saying "different version", is not Spark's.
+    assert stage_verdict(RuntimeError("ValueError: checkpoint has a different version")) is None
+    # Spark's words without the error class (pyspark before 3.5) still are.
+    spark = "Python in worker has different version 3.12 than that in driver 3.11"
+    assert stage_verdict(RuntimeError(spark)) is not None
     assert stage_verdict(first_stage_failed({})) is None
 
 
