@@ -460,16 +460,20 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> bool:
         timer.cancel()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_held_zygote_loads_only_once_its_hold_ends(ranks: Ranks) -> None:
-    env = ranks.env(0, OMP_NUM_THREADS="3")
-    key = zygotes.import_key(env, ranks.cwd)
+def _start_held(ranks: Ranks, threads: str) -> tuple[zygotes.Zygote, int, dict[str, str]]:
+    """A zygote of a new environment, held by a pipe: (it, the pipe's write end, the env)."""
+    env = ranks.env(0, OMP_NUM_THREADS=threads)
     theirs, gate = os.pipe()
     try:
         assert zygotes.zygote_for(env, ranks.cwd, hold=theirs) is None
     finally:
         os.close(theirs)
-    held = zygotes._zygotes[key]
+    return zygotes._zygotes[zygotes.import_key(env, ranks.cwd)], gate, env
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_held_zygote_loads_only_once_its_hold_ends(ranks: Ranks) -> None:
+    held, gate, env = _start_held(ranks, "3")
     try:
         assert _held(held)
         os.write(gate, b"what arrives meanwhile is dropped")
@@ -484,13 +488,9 @@ def test_a_held_zygote_loads_only_once_its_hold_ends(ranks: Ranks) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_held_zygote_whose_owner_went_away_exits_without_loading(ranks: Ranks) -> None:
-    env = ranks.env(0, OMP_NUM_THREADS="5")
-    key = zygotes.import_key(env, ranks.cwd)
-    theirs, gate = os.pipe()
+    held, gate, _env = _start_held(ranks, "5")
     try:
-        assert zygotes.zygote_for(env, ranks.cwd, hold=theirs) is None
-        os.close(theirs)
-        held = zygotes._zygotes.pop(key)
+        del zygotes._zygotes[held.key]
         assert _held(held)
         held.close()
         assert held.proc is not None
