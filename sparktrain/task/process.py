@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from sparktrain import contract
 from sparktrain.stacks import Stack
 from sparktrain.task.stackpipe import StackPipe
-from sparktrain.task.zygotes import ForkedRank, Zygote, ZygoteGone
+from sparktrain.task.zygote_client import ForkedRank, Zygote, ZygoteGone
 
 TAIL_LINES = 100
 # How long a rank gets to dump its stack before it is stopped anyway.

@@ -26,7 +26,7 @@ from sparktrain import contract, wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.shipping.payload import dump_call, load_result
-from sparktrain.task import zygotes
+from sparktrain.task import zygote_client, zygotes
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import DetachedSession
 from sparktrain.task.driver_link import TaskSession
@@ -345,7 +345,7 @@ def _wait_line(ranks: Ranks, rank: int, text: str, timeout: float = 30.0) -> str
 
 
 def test_an_unused_zygote_exits_by_itself(ranks: Ranks, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(zygotes, "ZYGOTE_IDLE", 1.0)
+    monkeypatch.setattr(zygote_client, "ZYGOTE_IDLE", 1.0)
     ranks.start(0, cell("place"), OMP_NUM_THREADS="3")  # a zygote of its own, made now
     assert ranks.exit_code(0) == 0
     assert ranks.zygotes[0].proc.wait(timeout=15) == 0
@@ -356,7 +356,7 @@ import os, sys, time
 from sparktrain import contract, wire
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
-from sparktrain.task import zygotes
+from sparktrain.task import zygote_client, zygotes
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import DetachedSession
 from sparktrain.task.driver_link import TaskSession
