@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import sys
 import time
@@ -144,6 +145,46 @@ def fresh_dir(parent: str | os.PathLike[str], prefix: str) -> str:
 def where(np: int) -> str:
     """Words for where ``np`` ranks run."""
     return f"{np} ranks on Spark executors" if np > 0 else f"{-np} ranks on this machine (no Spark)"
+
+
+# --------------------------------------------------------------------------- extras
+
+# What the examples import beyond sparktrain's own dependencies: the module, what it is called
+# on PyPI, and the extra of sparktrain that installs it.
+EXTRAS: Mapping[str, tuple[str, str]] = {
+    "sklearn": ("scikit-learn", "examples"),
+    "lightning": ("lightning", "frameworks"),
+    "transformers": ("transformers", "frameworks"),
+    "accelerate": ("accelerate", "frameworks"),
+    "pyspark": ("pyspark", "spark"),
+}
+
+
+def require(args: argparse.Namespace, *modules: str) -> None:
+    """Exit with the command that installs them when modules the example needs are missing.
+
+    Checked on the driver before anything starts: the ranks import ``modules``, and they run
+    this interpreter (``--np`` < 0, or the example's own local Spark); pyspark is needed too
+    when the ranks run on Spark (``--np`` > 0). Without this, a missing module is found on
+    every rank, after Spark has started.
+
+    Args:
+        args: the example's parsed options (``example`` and ``np``, see :func:`make_parser`).
+        modules: top-level module names, each a key of :data:`EXTRAS`.
+
+    Raises:
+        SystemExit: some are missing; its message names them and the ``pip install``.
+    """
+    wanted = [*modules, *(["pyspark"] if args.np > 0 else [])]
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    names = ", ".join(EXTRAS[m][0] for m in missing)
+    extras = ",".join(sorted({EXTRAS[m][1] for m in missing}))
+    raise SystemExit(
+        f"sparktrain.examples.{args.example} needs {names}, not installed for "
+        f"{sys.executable}: pip install 'sparktrain[{extras}]'"
+    )
 
 
 # --------------------------------------------------------------------------- Spark

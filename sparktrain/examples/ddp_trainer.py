@@ -317,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="generated test images, when CIFAR-10 is absent (default 512)",
     )
     args = _common.parse(parser, argv)
+    _common.require(args)
     data = _data.cifar_choice(args.data_dir, args.train_size, args.test_size)
     model, model_text = model_choice()
     print(f"Data: {data.description}", flush=True)

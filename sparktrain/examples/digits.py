@@ -237,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="continue the run whose checkpoints are in CHECKPOINT_DIR",
     )
     args = _common.parse(parser, argv)
+    _common.require(args, "sklearn")
     out = Path(args.out_dir)
     if args.resume and args.checkpoint_dir:
         parser.error("--resume names the checkpoint directory: leave out --checkpoint-dir")

@@ -17,7 +17,14 @@ import time
 from typing import Any
 
 from sparktrain import private_dir
-from sparktrain.examples._common import make_parser, parse, print_table, spark_session, where
+from sparktrain.examples._common import (
+    make_parser,
+    parse,
+    print_table,
+    require,
+    spark_session,
+    where,
+)
 
 PIXELS = [f"p{i}" for i in range(64)]
 TEST_ROWS = 360
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--out-dir", default=None, help="where the fitted pipeline is saved")
     args = parse(parser, argv)
+    require(args, "sklearn", "pyspark")  # the data are Spark DataFrames, whatever --np says
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import VectorAssembler
 

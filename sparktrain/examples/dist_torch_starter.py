@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="train on GPUs, one per rank, with NCCL (default: CPUs with Gloo)",
     )
     args = _common.parse(parser, argv)
+    _common.require(args, "sklearn")
     if args.gpus and args.np < 0 and torch.cuda.device_count() < -args.np:
         parser.error(
             f"--gpus with --np {args.np} needs {-args.np} GPU(s) here, found "

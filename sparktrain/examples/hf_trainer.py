@@ -128,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="the Trainer's output_dir (default ./sparktrain-out/hf_trainer)",
     )
     args = _common.parse(parser, argv)
+    _common.require(args, "transformers", "accelerate", "sklearn")
     print(
         "Data: scikit-learn's bundled handwritten digits as 16-token sentences "
         f"({1797 - _data.DIGITS_TEST_SIZE} train / {_data.DIGITS_TEST_SIZE} test), no download",

@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         data=False,
     )
     args = _common.parse(parser, argv)
+    _common.require(args, "lightning", "sklearn")
     print(
         "Data: scikit-learn's bundled handwritten digits "
         f"({1797 - _data.DIGITS_TEST_SIZE} train / {_data.DIGITS_TEST_SIZE} test), no download",

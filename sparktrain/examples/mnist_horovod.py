@@ -267,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = _common.parse(parser, argv)
     choice = _data.mnist_choice(args.data_dir)
+    _common.require(args, *(["sklearn"] if choice.kind == "digits" else []))
     lr = args.lr if args.lr is not None else (NOTEBOOK_LR if choice.kind == "mnist" else DIGITS_LR)
     print(f"Data: {choice.description}", flush=True)
     print(
