@@ -80,6 +80,29 @@ PEER_LOSS_SIGNS = (
 )
 
 
+# What torch says when a rank asks for NCCL where it cannot have it (a CPU build of torch, a
+# machine or a task without a GPU), and what to do instead.
+NCCL_WITHOUT_GPU_SIGNS = (
+    "Distributed package doesn't have NCCL built in",
+    "ProcessGroupNCCL is only supported with GPUs",
+)
+NCCL_WITHOUT_GPU_HINT = (
+    "hint: the NCCL backend needs a CUDA GPU for each rank and a torch built with CUDA, and "
+    "this rank has none. Call dist.init_process_group(sparktrain.default_backend()), which is "
+    '"nccl" where a rank has a GPU and "gloo" where it has none, or use "gloo" on CPUs.'
+)
+
+
+def hint_for(text: str) -> str:
+    """The advice for a rank's error whose type, message or traceback is ``text`` ('' for
+    none)."""
+    if any(sign in text for sign in NCCL_WITHOUT_GPU_SIGNS) or (
+        "NCCL" in text and "no CUDA-capable device is detected" in text
+    ):
+        return NCCL_WITHOUT_GPU_HINT
+    return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerFailure:
     """What is known about one rank that failed.
@@ -144,8 +167,15 @@ class WorkerFailure:
             return f"was killed by {name}"
         return f"exited with code {self.exit_code}"
 
+    @property
+    def hint(self) -> str:
+        """Advice for an error that has a known fix ('' for none; see :func:`hint_for`)."""
+        if self.exc_type is None and not self.traceback:
+            return ""
+        return hint_for(f"{self.exc_type}: {self.message}\n{self.traceback or ''}")
+
     def describe(self, tail_lines: int = 20) -> str:
-        """Render this failure for a human: headline, traceback, last output lines."""
+        """Render this failure for a human: headline, hint, traceback, last output lines."""
         where = f" on {self.host}" if self.host else ""
         if self.rank < 0:
             # Not a rank's end but the launch's own (a Spark job that failed by itself).
@@ -155,6 +185,8 @@ class WorkerFailure:
             if self.message or self.where:
                 head += f": {self.message or self.where}"
         parts = [head]
+        if self.hint:
+            parts.append(self.hint)
         if self.traceback:
             parts.append(self.traceback.rstrip())
         if self.stack:
@@ -309,6 +341,8 @@ class WorkerFailedError(SparkTrainError):
             lines.append(f"Root cause, as above: {head}")
             if self.root_cause.traceback:
                 lines.append(_last_line(self.root_cause.traceback))
+            if self.root_cause.hint:
+                lines.append(self.root_cause.hint)
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:
