@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import ipaddress
 import os
 import platform
 import socket
@@ -54,7 +55,12 @@ def interfaces() -> dict[str, list[str]]:
 
 def chosen_interface(host: str, found: dict[str, list[str]]) -> str | None:
     """The interface sparktrain gives Gloo, NCCL, Horovod and MPI for an executor at
-    ``host``: the one holding the address Spark knows the executor by."""
+    ``host``: the one holding the address Spark knows the executor by.
+
+    ``found`` (what :func:`interfaces` lists, loopback left out) answers only where
+    sparktrain cannot be imported here; a loopback address (``SPARK_LOCAL_IP=127.0.0.1``,
+    a master on this machine) is then the loopback interface's, as sparktrain would find.
+    """
     try:
         from sparktrain.task.entry import interface_of
     except Exception:  # noqa: BLE001 - sparktrain missing or broken here: say what it would
@@ -62,8 +68,18 @@ def chosen_interface(host: str, found: dict[str, list[str]]) -> str | None:
             ip = socket.gethostbyname(host)
         except OSError:
             return None
-        return next((name for name, addrs in found.items() if ip in addrs), None)
+        named = next((name for name, addrs in found.items() if ip in addrs), None)
+        return named or (_loopback_name() if ipaddress.ip_address(ip).is_loopback else None)
     return interface_of(host)
+
+
+def _loopback_name() -> str:
+    """The loopback interface's name: ``lo`` on Linux, ``lo0`` on macOS."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    return next((name for name in names if name.startswith("lo")), "lo")
 
 
 def write_probe(url: str, token: str) -> str | None:
