@@ -49,6 +49,7 @@ from sparktrain.log import get_logger
 from sparktrain.shipping.payload import kept_result_name
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import versions
+from sparktrain.task.logs import attempt_folder
 
 _log = get_logger(__name__)
 
@@ -376,7 +377,7 @@ def _detached_note(config: RunConfig, job: TaskJob) -> str:
     if config.log_dir is None:
         where = f"set {conf_key('log_dir')} (log_dir=) to a shared folder to keep it"
     else:
-        where = f"it is written to {config.log_dir}/{job.run_id}/attempt-{job.attempt}/"
+        where = f"it is written to {config.log_dir}/{job.run_id}/{attempt_folder(job.attempt)}/"
     return (
         "the executors cannot reach this client: no live output or progress from the ranks "
         f"({where}); the result, and a failed rank's error and last lines, come back with "

@@ -45,7 +45,7 @@ def train(ckpt_dir: str, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
         optimizer.load_state_dict(latest.state["optimizer"])
         start, steps = latest.state["epoch"] + 1, latest.state["steps"]
         sparktrain.log_to_driver(
-            f"attempt {sparktrain.attempt()}: resuming at epoch {start} "
+            f"attempt {sparktrain.attempt() + 1}: resuming at epoch {start} "
             f"from the checkpoint of step {latest.step}"
         )
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(dist.get_rank()))

@@ -42,12 +42,19 @@ BATCH_BYTES = 32 * 1024
 FLUSH_WAIT = 5.0
 
 
+def attempt_folder(attempt: int) -> str:
+    """The name of the folder of ``attempt`` (0-based, as ``sparktrain.attempt()``) under the
+    run's: ``attempt-<n>``, counted from 1 as the driver's messages count attempts."""
+    return f"attempt-{attempt + 1}"
+
+
 def log_folder(job: TaskJob) -> Path | None:
-    """Where this attempt's ranks write their output: ``<log_dir>/<run id>/attempt-<n>``."""
+    """Where this attempt's ranks write their output: ``<log_dir>/<run id>/attempt-<n>``
+    (see :func:`attempt_folder`)."""
     root = job.run_config.log_dir
     if root is None:
         return None
-    return Path(root) / job.run_id / f"attempt-{job.attempt}"
+    return Path(root) / job.run_id / attempt_folder(job.attempt)
 
 
 class RankFiles:

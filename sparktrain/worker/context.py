@@ -55,9 +55,13 @@ def local_world_size() -> int:
 def attempt() -> int:
     """Which launch of the run this is: 0 first, then 1, 2, … after restarts (``max_restarts``).
 
+    It is read from ``SPARKTRAIN_ATTEMPT``, which counts from 0. What the user reads counts
+    from 1 (the driver's "attempt 2/3", the log folder ``attempt-2``, a kept result's
+    ``attempt2``): say ``sparktrain.attempt() + 1`` in messages, so they agree.
+
     Example:
         >>> if sparktrain.attempt() > 0:
-        ...     print("resuming after a restart")
+        ...     print(f"attempt {sparktrain.attempt() + 1}: resuming after a restart")
     """
     return int(os.environ.get(contract.ATTEMPT_ENV, "0"))
 

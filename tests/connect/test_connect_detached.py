@@ -60,7 +60,7 @@ def test_detached_mpi_allreduce_returns_and_logs_each_rank(connect, tmp_path, ca
     assert "[rank 0]" not in capsys.readouterr().out  # no live logs: they are in files
     (run,) = logs.iterdir()
     for rank in (0, 1):
-        text = (run / "attempt-0" / f"rank-{rank}.log").read_text()
+        text = (run / "attempt-1" / f"rank-{rank}.log").read_text()
         assert f"hvd rank {rank} of 2 mpi-d" in text
 
 

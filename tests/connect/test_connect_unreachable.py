@@ -45,7 +45,7 @@ def test_detached_output_goes_to_the_log_dir(connect, tmp_path, capsys):
     assert "[rank 0]" not in capsys.readouterr().out  # no live logs: they are in files
     (run,) = logs.iterdir()
     for rank in (0, 1):
-        text = (run / "attempt-0" / f"rank-{rank}.log").read_text()
+        text = (run / "attempt-1" / f"rank-{rank}.log").read_text()
         assert f"hello from rank {rank} d" in text
 
 

@@ -222,7 +222,8 @@ def test_resume_demo_from_the_readme(capsys, caplog, tmp_path):
     out = capsys.readouterr().out
     assert "attempt 1/3 failed: rank 1 on 127.0.0.1 was killed by SIGKILL" in caplog.text
     assert "finished in attempt 2 after 1 failure(s)" in out
-    assert "resuming at epoch 2 from the checkpoint of step 10" in out
+    # Counted from 1 on the ranks as on the driver: the second attempt is "attempt 2".
+    assert "[rank 0] attempt 2: resuming at epoch 2 from the checkpoint of step 10" in out
 
 
 def printed_table(out: str, title: str) -> list[dict[str, str]]:

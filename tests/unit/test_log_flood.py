@@ -49,7 +49,7 @@ def test_a_flooding_rank_does_not_drown_the_others(
     for i in range(15):
         assert f"[rank 0] quiet {i}\n" in out
     # The flood did not, and the driver says so, naming the file that holds it all.
-    files = list(tmp_path.glob("*/attempt-0/rank-1.log"))
+    files = list(tmp_path.glob("*/attempt-1/rank-1.log"))
     assert len(files) == 1
     kept = files[0].read_text().splitlines()
     total = int(kept[-1].split()[-1])
