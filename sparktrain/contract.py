@@ -31,6 +31,11 @@ TASK_CWD_ENV = "_SPARKTRAIN_CWD"
 # The task's SparkFiles root (files and archives shipped with addFile / --files / --archives),
 # so that pyspark's SparkFiles.get works inside a rank.
 SPARK_FILES_ENV = "_SPARKTRAIN_SPARK_FILES"
+# A rank's collective counters: a file of COLLECTIVE_SLOT_BYTES that its task made (two
+# native-endian unsigned 64-bit counts, collectives entered and completed), which the rank maps
+# and moves and the task reads for the driver's hang watch (unset: nothing is counted).
+COLLECTIVES_ENV = "_SPARKTRAIN_COLLECTIVES"
+COLLECTIVE_SLOT_BYTES = 16
 # Largest pickled result rank 0 may write, in bytes.
 MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
 # The index, within CUDA_VISIBLE_DEVICES, of the rank's own GPU.
@@ -162,6 +167,11 @@ def error_file_name(rank: int) -> str:
 def times_file_name(rank: int) -> str:
     """The file a rank writes its timestamps to (see TIMES_ENV)."""
     return f"times-{rank}.json"
+
+
+def collectives_file_name(rank: int) -> str:
+    """The file of a rank's collective counters (see COLLECTIVES_ENV)."""
+    return f"collectives-{rank}"
 
 
 def pid_file_name(rank: int) -> str:

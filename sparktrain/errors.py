@@ -68,6 +68,12 @@ class RunStalledError(RunTimeoutError):
     ``stall_action="fail"``); every rank was stopped, and their stacks are in the message."""
 
 
+class RunHungError(RunStalledError):
+    """Ranks waited in a collective for ``stall_timeout`` for ranks that never joined it
+    (see ``stall_timeout``); every rank was stopped. The message names the ranks behind, with
+    their host and pid, and every rank's stack."""
+
+
 # What a collective raises when a peer is gone (Horovod, Gloo, NCCL, sockets).
 PEER_LOSS_SIGNS = (
     "Horovod has been shut down",

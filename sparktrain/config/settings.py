@@ -99,11 +99,17 @@ class RunConfig:
         check=duration(unset="none"),
     )
     stall_timeout: float | None = setting(
-        600.0,
+        300.0,
         "stallTimeout",
         "duration",
-        "when no rank has printed or reported anything for this long, the run is stalled: "
-        "every rank's stack is shown (off: never).",
+        "when no rank has entered or left a collective for this long while some wait in one "
+        "for ranks that are outside any and silent (or that entered fewer), the run is hung "
+        "and ends with RunHungError naming the ranks behind, with every rank's stack; a long "
+        "computation outside collectives is not. When no rank has printed or reported "
+        "anything for this long, the run is stalled: every rank's stack is shown (off: "
+        "neither). 5 minutes outlasts a normal wait in a collective (a slow first NCCL "
+        "set-up, a peer's checkpoint save) and comes before NCCL's 10-minute watchdog and "
+        "Gloo's 30-minute timeout.",
         unset="off",
         check=duration(unset="off", what=SECONDS + " or 'off'"),
     )
@@ -111,9 +117,9 @@ class RunConfig:
         "warn",
         "stallAction",
         "str",
-        "what a stall does besides showing the stacks: warn (nothing more; shown again after "
-        "the next silence) or fail (stop the run with RunStalledError, which maxRestarts "
-        "restarts).",
+        "what a stall (silence) does besides showing the stacks: warn (nothing more; shown "
+        "again after the next silence) or fail (stop the run with RunStalledError, which "
+        "maxRestarts restarts). A hang in collectives always ends the run.",
         check=choice(STALL_ACTIONS),
     )
     capacity_wait: float = setting(

@@ -1,9 +1,9 @@
 """The monitor's clock: its named deadlines, and a wait on its event queue until the next.
 
-A run has up to six deadlines at once (every task at the rendezvous, the run's timeout, the
+A run has up to seven deadlines at once (every task at the rendezvous, the run's timeout, the
 ranks' confirmation of a stop, the launch's end after a cancel, the last messages after the
-end, and the stall watch's next look); :class:`Deadlines` keeps them by name, says which is
-due, and how long the monitor may wait for its next event.
+end, and the stall and hang watches' next looks); :class:`Deadlines` keeps them by name, says
+which is due, and how long the monitor may wait for its next event.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ CANCEL = "cancel"
 DRAIN = "drain"
 # The stall watch looks again.
 STALL = "stall"
+# The hang watch looks again.
+HANG = "hang"
 
 
 class Deadlines:

@@ -19,6 +19,7 @@ from sparktrain.driver import deadlines
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.deadlines import Deadlines, next_event
 from sparktrain.driver.failures import rendezvous_timeout
+from sparktrain.driver.hang import HangWatch
 from sparktrain.driver.inflight import STOP as STOP_REQUEST
 from sparktrain.driver.launch import Launch
 from sparktrain.driver.layout import InterfaceVote
@@ -85,6 +86,7 @@ class RunMonitor(RunMessages):
         # The ranks that were still running when the run was stopped: where each was.
         self.stopped: dict[int, WorkerFailure] = {}
         self.stall = StallWatch(config)
+        self.hang = HangWatch(config)
         self.task_conns: dict[int, int] = {}
         self.started: dict[int, dict[str, Any]] = {}
         self.stop_reason: str | None = None
@@ -182,7 +184,7 @@ class RunMonitor(RunMessages):
             confirming = (deadlines.STOP in timers or draining) and not self.exited >= expected
             if done is not None and not confirming:
                 break
-            timers.set(deadlines.STALL, self.stall.deadline() if self.stop_reason is None else None)
+            self._set_watches(timers)
             awaiting = len(self.arrived) < self.n and self.stop_reason is None
             skip = () if awaiting else (deadlines.RENDEZVOUS,)
             try:
@@ -238,9 +240,31 @@ class RunMonitor(RunMessages):
                 f"({conf_key('timeout')}); every rank was stopped"
             )
             timers.set(deadlines.STOP, self._stop(error, launch))
-        elif self.stop_reason is None and self.stall.stalled(now):
+        elif (
+            self.stop_reason is None
+            and timers.due(deadlines.HANG, now)
+            and (behind := self.hang.look(now))
+        ):
+            timers.set(deadlines.STOP, self._stop(self.hang.error(behind, self.started), launch))
+        elif (
+            self.stop_reason is None
+            and timers.due(deadlines.STALL, now)
+            and self.stall.stalled(now)
+        ):
             timers.set(deadlines.STOP, self._stalled(launch))
         return False
+
+    def _set_watches(self, timers: Deadlines) -> None:
+        """The hang and stall watches' next looks (none once the run is stopping). While a
+        rank waits in a collective, the stall watch waits for the hang watch's first look,
+        which names the ranks behind when there are some."""
+        running = self.stop_reason is None
+        timers.set(deadlines.HANG, self.hang.deadline() if running else None)
+        stall = self.stall.deadline() if running else None
+        first_look = self.hang.first_look()
+        if stall is not None and first_look is not None:
+            stall = max(stall, first_look)
+        timers.set(deadlines.STALL, stall)
 
     def _on_message(
         self,

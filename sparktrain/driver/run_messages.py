@@ -15,6 +15,7 @@ from typing import Any
 
 from sparktrain.config import RunConfig
 from sparktrain.driver.channel import CLOSED, ChannelServer
+from sparktrain.driver.hang import HangWatch
 from sparktrain.driver.layout import InterfaceVote, layout_problem, plan_for
 from sparktrain.driver.lines import LineView
 from sparktrain.driver.outcome import RunOutcome
@@ -51,6 +52,7 @@ class RunMessages(RunOutcome):
     exited: set[int]
     task_conns: dict[int, int]
     stall: StallWatch
+    hang: HangWatch
     cancelled: bool
     malformed: int
     go_sent: bool
@@ -72,6 +74,9 @@ class RunMessages(RunOutcome):
             return None
         if kind in _SIGNS_OF_LIFE:
             self.stall.activity(time.monotonic())
+            self.hang.activity(message["rank"], time.monotonic())
+        if kind is protocol.COLLECTIVES:
+            self.hang.moved(message["counts"], time.monotonic())
         if kind is protocol.LOGS:
             self.lines.batch(message)
         elif kind is protocol.LOG:
@@ -139,6 +144,7 @@ class RunMessages(RunOutcome):
         self.rank_of = {rank.task.index: rank.rank for rank in layout.spec.ranks}
         self.times["go"] = time.monotonic()
         self.stall.start(self.times["go"])
+        self.hang.start(self.times["go"], [rank.rank for rank in layout.spec.ranks])
         self.vote = InterfaceVote(layout, self.config.nics)
         slots: dict[int, list[int]] = {}
         for index, conn in sorted(self.task_conns.items()):

@@ -26,6 +26,14 @@ def valid(kind: protocol.Kind, message: dict[str, Any], n: int) -> bool:
         for name, got in message["reached"].items()
     ):
         return False
+    if kind is protocol.COLLECTIVES:
+        return all(
+            isinstance(row, list)
+            and len(row) == 3
+            and all(type(x) is int and x >= 0 for x in row)
+            and row[0] < n
+            for row in message["counts"]
+        )
     if kind is protocol.LOGS:
         return message["dropped"] >= 0 and all(isinstance(x, str) for x in message["lines"])
     if kind in _INDEXED:

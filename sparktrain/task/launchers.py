@@ -13,13 +13,14 @@ up by the run's ``launcher`` setting, never branched on:
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 import os
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sparktrain.backends.base import Backend, rank_env
 from sparktrain.config import RunConfig
 from sparktrain.errors import WorkerFailure
 from sparktrain.layout.cluster import ClusterSpec, RankSpec
+from sparktrain.task.collectives import CollectiveSlots, interval_for
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import STACK_WAIT, RankProcess, dump_all, stop_all
 from sparktrain.task.rank_outcomes import (
@@ -168,6 +170,8 @@ class ProcessLauncher(RankLauncher):
         self._showing = threading.Lock()
         # The port offered for rank 0's store, held until the ranks have ended.
         self._reserved: socket.socket | None = None
+        # The ranks' collective counters while they run (None when stall_timeout is off).
+        self._slots: CollectiveSlots | None = None
 
     def port(self) -> int:
         if self._reserved is None:
@@ -195,7 +199,7 @@ class ProcessLauncher(RankLauncher):
                 shared = exchange(backend.prepare(spec, self.config) if holds_rank0 else None)
             if shared is None:
                 return [record(r, "stopped") for r in mine]
-            with self.session.workdir() as workdir:
+            with self.session.workdir() as workdir, self._counting(workdir, mine):
                 cold: dict[Key, tuple[dict[str, str], str]] = {}
                 procs = {r.rank: self._spawn(spec, r, backend, shared, workdir, cold) for r in mine}
                 records = self._supervise(mine, procs, workdir)
@@ -206,6 +210,20 @@ class ProcessLauncher(RankLauncher):
         finally:
             if holds_rank0:
                 backend.teardown()
+
+    @contextlib.contextmanager
+    def _counting(self, workdir: Path, mine: Sequence[RankSpec]) -> Iterator[None]:
+        """Count the ranks' collectives for the driver's hang watch while they run."""
+        interval = interval_for(self.config)
+        if interval is None:
+            yield
+            return
+        with CollectiveSlots(workdir, [r.rank for r in mine], self.session.send, interval) as slots:
+            self._slots = slots
+            try:
+                yield
+            finally:
+                self._slots = None
 
     def _spawn(
         self,
@@ -221,6 +239,8 @@ class ProcessLauncher(RankLauncher):
         caller starts once the ranks have ended)."""
         asked = time.time()
         env = worker_env(self.session, spec, rank, backend, shared, workdir)
+        if self._slots is not None:
+            env.update(self._slots.env(rank.rank))
         cwd = self.session.cwd
         zygote = None
         if self.config.warm_start:

@@ -88,6 +88,9 @@ STACK = _kind("stack", record=dict, stopped=bool)
 # A rank printed lines that its task does not forward (driver_log_verbosity), so the run is
 # not stalled; a task sends it at most every few seconds.
 ACTIVE = _kind("active", rank=int)
+# The collectives each of a task's ranks entered and completed so far, as [rank, entered,
+# completed] rows, when any moved (for the driver's hang watch; every few seconds at most).
+COLLECTIVES = _kind("collectives", counts=list)
 # Rank 0's pickled result, in pieces that fit a frame (raw, as the frame's blob), then its size
 # and SHA-256: it travels over the channel, never through Spark's task results (which an
 # executor's heap must hold whole, and several times over).
@@ -145,6 +148,7 @@ TO_DRIVER: frozenset[Kind] = frozenset(
         EXITED,
         STACK,
         ACTIVE,
+        COLLECTIVES,
         SHARED,
         RESULT_CHUNK,
         RESULT_END,
@@ -177,6 +181,7 @@ __all__ = [
     "ACTIVE",
     "AUTH",
     "CHOSEN",
+    "COLLECTIVES",
     "DAEMON_STARTED",
     "EXITED",
     "FAILURE",

@@ -32,7 +32,7 @@ from sparktrain.shipping.payload import (
     kept_result_name,
     load_call,
 )
-from sparktrain.worker import bound_store, context, frameworks
+from sparktrain.worker import bound_store, collectives, context, frameworks
 from sparktrain.worker.sparkfiles import expose_spark_files
 
 PR_SET_PDEATHSIG = 1
@@ -250,6 +250,7 @@ def main() -> int:
     _shadow_horovod()
     frameworks.install()  # before the payload: unpickling it may import Lightning
     bound_store.install()
+    collectives.install()  # for the driver's hang watch
     try:
         fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record

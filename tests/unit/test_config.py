@@ -411,7 +411,7 @@ def test_builtin_defaults_apply_with_no_other_source() -> None:
     assert config.max_result_bytes == 256 << 20
     assert config.max_restarts == 0
     assert config.timeout is None and config.use_gpu is None and config.launcher is None
-    assert config.stall_timeout == 600.0 and config.stall_action == "warn"
+    assert config.stall_timeout == 300.0 and config.stall_action == "warn"
 
 
 # (spark conf, environ, overrides) -> expected start_timeout

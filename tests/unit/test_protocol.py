@@ -21,7 +21,7 @@ def test_every_kind_has_a_distinct_name() -> None:
         )
         for k in group
     }
-    assert len({k.name for k in kinds}) == len(kinds) == 28
+    assert len({k.name for k in kinds}) == len(kinds) == 29
     assert protocol.AUTH not in {k.name for k in kinds}  # consumed by the server
 
 

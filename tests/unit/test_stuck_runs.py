@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from sparktrain import RunStalledError, RunTimeoutError, SparkRunner, WorkerFailedError
+from sparktrain import (
+    RunHungError,
+    RunStalledError,
+    RunTimeoutError,
+    SparkRunner,
+    WorkerFailedError,
+)
 from tests.helpers import interrupt_once_started, timed_out_while_running
 
 
@@ -157,3 +163,51 @@ def test_an_interrupt_shows_where_every_rank_was(tmp_path: Path) -> None:
     expected = f"in _silent_for at {line_of(_silent_for, 'time.sleep')}: time.sleep(seconds)"
     assert where_line(message, 0) == f"  rank 0: {expected}"
     assert where_line(message, 1) == f"  rank 1: {expected}"
+
+
+# --- hangs in collectives (the hang watch, on by default) --------------------------------------
+
+
+def _computes(seconds: float, behind: int = -1) -> float:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == behind:
+        time.sleep(3600)  # never joins the all_reduce below
+    else:
+        time.sleep(seconds)  # every rank works, outside any collective
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def test_a_rank_that_never_joins_a_collective_is_named_and_the_run_ends() -> None:
+    runner = SparkRunner(np=-2, stall_timeout=3, grace_period=1, progress=False)
+    with pytest.raises(RunHungError) as info:
+        runner.run(_computes, 0, 1)
+    message = str(info.value)
+    assert re.match(
+        r"the run hung: rank 1 \(host 127\.0\.0\.1, pid \d+; outside any collective, 1 done\) "
+        r"is behind, while rank 0 \(host 127\.0\.0\.1, pid \d+; waiting in collective #2\) "
+        r"waited, and no rank moved for 3s \(stall_timeout, spark\.sparktrain\.stallTimeout\)",
+        message,
+    ), message
+    rank0, rank1 = where_line(message, 0), where_line(message, 1)
+    assert rank0.startswith("  rank 0: in all_reduce (")
+    assert line_of(_computes, "dist.all_reduce(tensor)") in rank0
+    assert rank1 == (
+        f"  rank 1: in _computes at {line_of(_computes, 'time.sleep(3600)')}: "
+        "time.sleep(3600)  # never joins the all_reduce below"
+    )
+    assert "its main thread's stack (most recent call last):" in message
+    assert set(info.value.stopped) == {0, 1}
+
+
+def test_a_long_computation_outside_collectives_is_not_a_hang() -> None:
+    # Both ranks compute for longer than stall_timeout, outside any collective, then meet.
+    runner = SparkRunner(np=-2, stall_timeout=2, grace_period=1, progress=False)
+    assert runner.run(_computes, 3) == 2.0
