@@ -20,7 +20,7 @@ from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
 from sparktrain.driver.preflight import call_conf, check_run
 from sparktrain.driver.progress import Progress, quiet_spark_console
-from sparktrain.driver.python_probe import check_executor_python
+from sparktrain.shipping.python_probe import check_executor_python
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError

@@ -252,7 +252,7 @@ def check_pyspark(pyspark_version: str | None) -> list[Check]:
             "spark.pyspark.python) to an interpreter with sparktrain and torch"
         )
         return [found, Check("executor python", WARN, detail, fix)]
-    from sparktrain.driver.python_probe import ENTRY_MODULES
+    from sparktrain.shipping.python_probe import ENTRY_MODULES
 
     data, text = _python_json(
         f"import json, {', '.join(ENTRY_MODULES)}; print(json.dumps({{'ok': True}}))",

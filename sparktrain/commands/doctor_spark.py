@@ -2,7 +2,7 @@
 
 It runs in a fresh interpreter with this environment as it is (``PYSPARK_PYTHON`` included),
 so it sees what a run from this shell would: the interpreter sparktrain's jobs start on the
-executors (see :mod:`sparktrain.driver.python_probe`), then the same one-task probe a run
+executors (see :mod:`sparktrain.shipping.python_probe`), then the same one-task probe a run
 makes before its barrier stage (it imports sparktrain and torch there), then a 2-task barrier
 stage with that interpreter.
 """
@@ -15,7 +15,7 @@ from sparktrain.commands.doctor_probes import FAIL, OK, SKIP, SPARK_TIMEOUT, Che
 SPARK_CODE = """
 import dataclasses, json
 from pyspark.sql import SparkSession
-from sparktrain.driver.python_probe import executor_python, pin_python, probe
+from sparktrain.shipping.python_probe import executor_python, pin_python, probe
 spark = (SparkSession.builder.master("local[2]").appName("sparktrain-doctor")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .getOrCreate())
@@ -54,7 +54,7 @@ def check_spark_session(enabled: bool, pyspark_version: str | None) -> list[Chec
 
 
 def _python_row(data: dict) -> Check:
-    from sparktrain.driver.python_probe import ProbeReport, describe_failure
+    from sparktrain.shipping.python_probe import ProbeReport, describe_failure
 
     python, source = data["python"], data["source"]
     if data.get("probe") is None:

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from sparktrain import SparkRunner
-from sparktrain.driver.python_probe import (
+from sparktrain.errors import ConfigurationError
+from sparktrain.shipping.python_probe import (
     check_executor_python,
     executor_python,
     pin_python,
     probe,
 )
-from sparktrain.errors import ConfigurationError
 
 pytestmark = pytest.mark.spark
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sparktrain.driver.python_probe import (
+from sparktrain.shipping.python_probe import (
     PYSPARK_DEFAULT,
     ProbeReport,
     check_executor_python,

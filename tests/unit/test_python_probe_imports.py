@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparktrain.commands import doctor_probes
-from sparktrain.driver import python_probe
+from sparktrain.shipping import python_probe
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 

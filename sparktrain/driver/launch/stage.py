@@ -9,8 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sparktrain.driver.python_probe import executor_python, pin_python
-from sparktrain.driver.spark_errors import describe_spark_error
+from sparktrain.shipping.python_probe import executor_python, pin_python
+from sparktrain.shipping.spark_errors import describe_spark_error
 from sparktrain.task.entry import TaskJob
 
 
