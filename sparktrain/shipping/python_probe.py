@@ -44,7 +44,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.driver.spark_errors import describe_spark_error
+from sparktrain.shipping.spark_errors import describe_spark_error
 from sparktrain.errors import ConfigurationError
 
 _log = logging.getLogger(__name__)
