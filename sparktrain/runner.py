@@ -24,6 +24,7 @@ from sparktrain.shipping.python_probe import check_executor_python
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
+from sparktrain.shipping.local_modules import scope_of
 from sparktrain.shipping.payload import dump_call, dumps
 from sparktrain.shipping.script import run_script, script_call
 from sparktrain.shipping.signature import check_call
@@ -221,6 +222,7 @@ class SparkRunner:
         several calls may run at once from threads of one runner.
         """
         name = getattr(fn, "__name__", "function")
+        script: tuple[Any, ...] | None = None  # a script's [path, source, args]
         if isinstance(fn, (str, os.PathLike)):
             if kwargs:
                 raise PayloadError(
@@ -229,7 +231,7 @@ class SparkRunner:
                     f"run({os.fspath(fn)!r}, '--{next(iter(kwargs))}', '...')"
                 )
             name = os.path.basename(os.fspath(fn))
-            args = tuple(script_call(fn, args))
+            args = script = tuple(script_call(fn, args))
             fn = run_script
         else:
             check_call(fn, args, kwargs)
@@ -238,7 +240,8 @@ class SparkRunner:
         conf = call_conf(session)
         config = self._resolve(session, conf)
         per_task = check_run(session, config, all_ranks, conf)
-        payload = dump_call(fn, args, kwargs, config.max_payload_bytes)
+        modules = scope_of(config.ship_modules, config.max_module_bytes, script)
+        payload = dump_call(fn, args, kwargs, config.max_payload_bytes, modules)
         if session is not None and not is_connect(session):
             # After the checks that cost nothing: this one may run a one-task Spark job.
             check_executor_python(session.sparkContext, config.start_timeout)

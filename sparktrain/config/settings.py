@@ -188,6 +188,23 @@ class RunConfig:
         "largest pickled function and arguments.",
         check=size(),
     )
+    ship_modules: bool = setting(
+        True,
+        "shipModules",
+        "bool",
+        "send the modules of your own that the function imports (or a script: those of its "
+        "folder) with the run, as source files the ranks import: those in the driver's "
+        "working folder, outside the Python installation and any site-packages; false sends "
+        "none (install them on the executors, or use addPyFile).",
+        check=boolean(),
+    )
+    max_module_bytes: int = setting(
+        16 << 20,
+        "maxModuleBytes",
+        "size",
+        "largest total size of the module files that shipModules sends with a run.",
+        check=size(),
+    )
     max_result_bytes: int = setting(
         256 << 20,
         "maxResultBytes",

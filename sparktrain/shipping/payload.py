@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import dis
 import errno
-import inspect
 import io
 import os
 import pickle
 import stat
+import struct
 import types
 from collections import ChainMap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,10 @@ import cloudpickle
 
 from sparktrain import private_dir
 from sparktrain.errors import PayloadError
+from sparktrain.shipping import module_copies
+from sparktrain.shipping.culprit import culprit, type_name
 from sparktrain.shipping.kept import LIFETIME
+from sparktrain.shipping.local_modules import Scope, imports_in_code
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -52,6 +54,25 @@ class _Pickler(cloudpickle.Pickler):
     dispatch_table = ChainMap({types.CodeType: _reduce_code}, cloudpickle.Pickler.dispatch_table)
 
 
+class _Recorder(_Pickler):
+    """:class:`_Pickler` that notes the modules what it pickles comes from or imports."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=_PROTOCOL)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            self.modules.add(obj.__name__)
+        elif isinstance(obj, (type, types.FunctionType)):
+            name = getattr(obj, "__module__", None)
+            if isinstance(name, str):
+                self.modules.add(name)
+        elif isinstance(obj, types.CodeType):  # code pickled by value: its imports
+            self.modules.update(imports_in_code(obj))
+        return super().reducer_override(obj)
+
+
 def dumps(obj: Any) -> bytes:
     """Pickle ``obj`` as cloudpickle does, functions by value keeping their files and lines.
 
@@ -72,41 +93,6 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 100 << 10 else f"{n} bytes"
 
 
-def _captured(fn: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
-    """Everything a function drags into its pickle: closure cells, globals it names, defaults."""
-    code = getattr(fn, "__code__", None)
-    closure = getattr(fn, "__closure__", None) or ()
-    if code is not None:
-        for name, cell in zip(code.co_freevars, closure, strict=False):
-            try:
-                yield f"the variable {name!r} captured by {fn.__name__}()", cell.cell_contents
-            except ValueError:
-                continue
-        fn_globals = getattr(fn, "__globals__", {})
-        for name in _global_names(code):
-            if name in fn_globals and not inspect.ismodule(fn_globals[name]):
-                yield f"the global {name!r} used by {fn.__name__}()", fn_globals[name]
-    for name, value in (getattr(fn, "__kwdefaults__", None) or {}).items():
-        yield f"the default of {name!r} in {getattr(fn, '__name__', fn)}()", value
-    for i, value in enumerate(getattr(fn, "__defaults__", None) or ()):
-        yield f"default argument #{i} of {getattr(fn, '__name__', fn)}()", value
-    bound_self = getattr(fn, "__self__", None)
-    if bound_self is not None and not inspect.ismodule(bound_self):
-        yield f"the object {type(bound_self).__name__} the method is bound to", bound_self
-
-
-def _global_names(code: Any) -> Iterator[str]:
-    """Names the code loads as globals (co_names also holds attribute names)."""
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(
-            instruction.argval, str
-        ):
-            yield instruction.argval
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            yield from _global_names(const)
-
-
 def _fails(obj: Any) -> Exception | None:
     try:
         dumps(obj)
@@ -115,62 +101,91 @@ def _fails(obj: Any) -> Exception | None:
     return None
 
 
-def _culprit(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
-    """Name the first piece that cannot be pickled, descending into nested functions."""
-    candidates: list[tuple[str, Any]] = [(f"argument #{i}", a) for i, a in enumerate(args)]
-    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    candidates += list(_captured(fn))
-    for where, value in candidates:
-        error = _fails(value)
-        if error is None:
-            continue
-        if inspect.isfunction(value) or inspect.ismethod(value):
-            inner = _culprit(value, (), {})
-            if inner:
-                return f"{inner} (reached through {where})"
-        return f"{where}, of type {_type_name(value)} ({type(error).__name__}: {error})"
-    return ""
-
-
-def _type_name(value: Any) -> str:
-    cls = type(value)
-    return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__name__
-
-
 def dump_call(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], limit: int
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    limit: int,
+    modules: Scope | None = None,
 ) -> bytes:
     """Pickle the training function and its arguments on the driver.
 
+    The payload is the pickle of ``(fn, args, kwargs)``, then the pickle of the modules that
+    travel with it (``{relative path: source}``, see :mod:`sparktrain.shipping.local_modules`),
+    then where that second pickle starts (8 bytes): :func:`load_call` writes the modules
+    before it unpickles the call, which may name their functions and classes.
+
+    Args:
+        fn: the function every rank runs.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+        limit: the most bytes the pickle of the call may take.
+        modules: where the user's modules that travel are looked for; None sends none.
+
     Raises:
-        PayloadError: when something cannot be pickled (naming the captured object) or the
-            pickle exceeds ``limit`` bytes.
+        PayloadError: when something cannot be pickled (naming the captured object), the
+            pickle exceeds ``limit`` bytes, or the modules exceed theirs (naming them).
     """
     if not callable(fn):
-        raise PayloadError(f"run() needs a function to run on each rank; got {_type_name(fn)}")
+        raise PayloadError(f"run() needs a function to run on each rank; got {type_name(fn)}")
+    buffer = io.BytesIO()
+    pickler = _Recorder(buffer)
     try:
-        data = dumps((fn, tuple(args), dict(kwargs)))
+        pickler.dump((fn, tuple(args), dict(kwargs)))
     except Exception as exc:  # noqa: BLE001 - re-raised with the culprit named
-        culprit = _culprit(fn, tuple(args), kwargs)
-        where = f" The culprit is {culprit}." if culprit else ""
+        named = culprit(fn, tuple(args), kwargs, _fails)
+        where = f" The culprit is {named}." if named else ""
         raise PayloadError(
             f"cannot send {getattr(fn, '__name__', fn)!r} to the ranks: {type(exc).__name__}: "
             f"{exc}.{where} Create such objects inside the function (locks, clients, "
             "SparkContext/SparkSession cannot cross to another process), or pass what is "
             "needed to build them as arguments."
         ) from exc
-    if len(data) > limit:
+    size = buffer.tell()
+    if size > limit:
         raise PayloadError(
-            f"the pickled function and arguments take {_mib(len(data))}, over the limit of "
+            f"the pickled function and arguments take {_mib(size)}, over the limit of "
             f"{_mib(limit)} (max_payload_bytes / spark.sparktrain.maxPayloadBytes). Pass large "
             "data as a path or a Spark DataFrame converter instead of capturing it."
         )
-    return data
+    files = modules.files(pickler.modules) if modules is not None else {}
+    pickle.dump(files, buffer, protocol=_PROTOCOL)
+    buffer.write(_OFFSET.pack(size))
+    return buffer.getvalue()
 
 
-def load_call(data: bytes) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-    """Inverse of :func:`dump_call`, on a rank."""
-    fn, args, kwargs = cloudpickle.loads(data)
+# Where the modules' pickle starts, at the end of a payload.
+_OFFSET = struct.Struct("<Q")
+
+
+def _split(data: bytes | bytearray | memoryview) -> tuple[memoryview, memoryview]:
+    """A payload's two pickles: the call's, the modules'."""
+    view = memoryview(data)
+    if len(view) < _OFFSET.size:
+        raise PayloadError(f"the run's payload is cut short ({len(view)} bytes)")
+    (start,) = _OFFSET.unpack(view[-_OFFSET.size :])
+    if start > len(view) - _OFFSET.size:
+        raise PayloadError("the run's payload is not one sparktrain made (its modules' offset)")
+    return view[:start], view[start : -_OFFSET.size]
+
+
+def shipped_modules(data: bytes | bytearray) -> dict[str, bytes]:
+    """The modules that travel in a payload :func:`dump_call` made: ``{path: source}``."""
+    files: dict[str, bytes] = pickle.loads(_split(data)[1])
+    return files
+
+
+def load_call(
+    data: bytes | bytearray, folder: str | os.PathLike[str] | None = None
+) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    """Inverse of :func:`dump_call`, on a rank: the modules that travelled are written into
+    a new folder inside ``folder`` (default: the private folder) and put on ``sys.path``
+    first (see :mod:`sparktrain.shipping.module_copies`), then the call is unpickled."""
+    call, modules = _split(data)
+    files = pickle.loads(modules)
+    if files:
+        module_copies.install(files, folder if folder is not None else private_dir.usable_root())
+    fn, args, kwargs = cloudpickle.loads(call)
     return fn, args, kwargs
 
 
@@ -202,7 +217,7 @@ def dump_result(value: Any, limit: int, rank: int = 0) -> bytes:
         data = dumps(value)
     except Exception as exc:  # noqa: BLE001 - re-raised with context
         raise PayloadError(
-            f"rank {rank} returned a {_type_name(value)} that cannot be pickled "
+            f"rank {rank} returned a {type_name(value)} that cannot be pickled "
             f"({type(exc).__name__}: {exc}); return plain data (numbers, dicts, tensors, "
             "a state_dict) instead"
         ) from exc

@@ -252,12 +252,15 @@ def main() -> int:
     bound_store.install()
     collectives.install()  # for the driver's hang watch
     try:
-        fn, args, kwargs = load_call(Path(os.environ[contract.PAYLOAD_ENV]).read_bytes())
+        payload = Path(os.environ[contract.PAYLOAD_ENV])
+        # The user's modules that travelled go beside the payload, in the task's own folder.
+        fn, args, kwargs = load_call(payload.read_bytes(), payload.parent)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         hint = PayloadError(
             f"could not load the training function on rank {context.rank()}: "
             f"{type(exc).__name__}: {exc}. Modules the function uses must be importable where "
-            "the ranks run (install them on the executors, or ship them with sc.addPyFile)."
+            "the ranks run: those in the driver's working folder travel with the run "
+            "(ship_modules); install others on the executors, or ship them with sc.addPyFile."
         )
         _report_error("load", hint, exc.__traceback__, user=False)
         return 1
