@@ -10,9 +10,11 @@ an uncontended lock: no system call, no message.
 A collective issued with ``async_op=True`` counts as entered when it is issued and as
 completed when its future completes: a rank with an outstanding collective is inside one.
 
-Not seen: collectives issued from C++ without passing through these Python functions, such
-as DistributedDataParallel's gradient all-reduce inside ``backward()`` (its buffer broadcasts
-are seen).
+DistributedDataParallel's gradient all-reduce runs in C++, inside ``backward()``: a backward
+pass after a forward of a DDP model that synchronizes gradients counts as one collective,
+entered when the backward pass reaches the model's output and completed once DDP has waited
+for its all-reduce (the backward pass's last callback). Other collectives issued from C++
+without these Python functions are not seen.
 """
 
 from __future__ import annotations
@@ -145,11 +147,59 @@ def _patch_torch(counters: Counters) -> Callable[[ModuleType], None]:
         if c10d is None:
             return
         _wrap_all(c10d, TORCH_COLLECTIVES, counters)
-        for name in TORCH_COLLECTIVES:  # the package's names, bound before the wrapping
-            if hasattr(dist, name) and hasattr(c10d, name):
+        for name in TORCH_COLLECTIVES:
+            if hasattr(c10d, name):  # the package's names, bound before the wrapping
                 setattr(dist, name, getattr(c10d, name))
+            elif callable(getattr(dist, name, None)):  # the package's own (from C++)
+                setattr(dist, name, counted(getattr(dist, name), counters))
 
     return patch
+
+
+class _DdpFinder(PatchOnImport):
+    """Counts DistributedDataParallel's backward passes once it is imported."""
+
+
+def _patch_ddp(counters: Counters) -> Callable[[ModuleType], None]:
+    def patch(module: ModuleType) -> None:
+        ddp = getattr(module, "DistributedDataParallel", None)
+        if ddp is None or getattr(ddp.forward, _WRAPPED, False):
+            return
+        forward = ddp.forward
+
+        @functools.wraps(forward)
+        def counted_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            output = forward(self, *args, **kwargs)
+            if getattr(self, "require_backward_grad_sync", False):
+                _count_backward(output, counters)
+            return output
+
+        setattr(counted_forward, _WRAPPED, True)
+        ddp.forward = counted_forward
+
+    return patch
+
+
+def _count_backward(output: Any, counters: Counters) -> None:
+    """Count the backward pass through ``output`` (a DDP model's) as one collective."""
+    import torch
+    from torch.autograd import Variable
+    from torch.utils._pytree import tree_leaves
+
+    if not torch.is_grad_enabled():
+        return
+    engine = Variable._execution_engine
+
+    def entered(grad: Any) -> None:
+        counters.enter()
+        # DDP's wait for its all-reduce is a callback it queues during the pass, after this
+        # one: the callback queued from this one runs after it.
+        engine.queue_callback(lambda: engine.queue_callback(counters.leave))
+
+    for leaf in tree_leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            leaf.register_hook(entered)
+            return
 
 
 def install() -> Counters | None:
@@ -163,6 +213,7 @@ def install() -> Counters | None:
     except (OSError, ValueError):
         return None  # never a reason to fail the rank: its hangs are then not seen
     _TorchFinder(frozenset({"torch.distributed"}), _patch_torch(counters)).install()
+    _DdpFinder(frozenset({"torch.nn.parallel.distributed"}), _patch_ddp(counters)).install()
     _HorovodFinder(
         frozenset({"horovod.torch.mpi_ops"}),
         lambda module: _wrap_all(module, HOROVOD_WAITS, counters),

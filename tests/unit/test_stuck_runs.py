@@ -211,3 +211,37 @@ def test_a_long_computation_outside_collectives_is_not_a_hang() -> None:
     # Both ranks compute for longer than stall_timeout, outside any collective, then meet.
     runner = SparkRunner(np=-2, stall_timeout=2, grace_period=1, progress=False)
     assert runner.run(_computes, 3) == 2.0
+
+
+def _ddp_step(behind: int) -> float:
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    model = DistributedDataParallel(torch.nn.Linear(2, 1))
+    loss = model(torch.ones(4, 2)).sum()
+    if dist.get_rank() == behind:
+        time.sleep(3600)  # never reaches the gradients' all-reduce
+    loss.backward()
+    return float(loss.item())
+
+
+def test_a_ddp_rank_that_never_reaches_backward_is_named_and_the_run_ends() -> None:
+    runner = SparkRunner(np=-2, stall_timeout=3, grace_period=1, progress=False)
+    with pytest.raises(RunHungError) as info:
+        runner.run(_ddp_step, 1)
+    message = str(info.value)
+    assert message.startswith("the run hung: rank 1 (host 127.0.0.1, pid "), message
+    assert "is behind, while rank 0 (host 127.0.0.1, pid " in message
+    rank0 = where_line(message, 0)
+    assert rank0.startswith("  rank 0: in _engine_run_backward (")
+    assert rank0.endswith(
+        f"called from _ddp_step at {line_of(_ddp_step, 'loss.backward()')}: loss.backward()"
+    )
+    assert where_line(message, 1) == (
+        f"  rank 1: in _ddp_step at {line_of(_ddp_step, 'time.sleep(3600)')}: "
+        "time.sleep(3600)  # never reaches the gradients' all-reduce"
+    )
