@@ -265,8 +265,7 @@ class SparkRunner:
         )
         if session is not None and not is_connect(session):
             stop_spark_at_exit(session.sparkContext)
-            if progress.display:
-                quiet_spark_console(session.sparkContext)
+            quiet_spark_console(session.sparkContext)  # its bar would glue to the ranks' lines
         tracker = MlflowTracker.maybe_create()
         job = TaskJob(
             run_id=uuid.uuid4().hex[:12],

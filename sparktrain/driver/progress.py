@@ -305,27 +305,24 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def quiet_spark_console(sc: Any, stream: TextIO | None = None) -> bool:
-    """Stop Spark's console progress bar (``[Stage N:>   (0 + 2) / 2]``) of ``sc``, when it
-    would draw over a run's progress and lines in the same terminal.
+def quiet_spark_console(sc: Any) -> bool:
+    """Stop Spark's console progress bar (``[Stage N:>   (0 + 2) / 2]``) of ``sc``: it would be
+    drawn in front of the ranks' lines and over a run's progress.
 
-    Spark draws its bar on the JVM's stderr, which is the terminal's when the driver runs in
-    one (in a notebook it goes to the kernel's log, out of sight, and nothing is done). Spark
-    reads ``spark.ui.showConsoleProgress`` only when the context starts, and its bar has no
-    pause: it is stopped for the rest of the session, and a log line says so once.
+    Spark draws its bar on the JVM's stderr with a carriage return and no newline, and the
+    next line printed after it (a ``[rank N]`` line, on the driver's stdout) is glued to it
+    wherever both end up together: a terminal, ``2>&1 | tee train.log``, or a notebook's
+    cell (a Jupyter kernel passes its subprocesses' output to the cell). Spark reads
+    ``spark.ui.showConsoleProgress`` only when the context starts, and its bar has no pause:
+    it is stopped for the rest of the session, and a log line says so once.
 
     Args:
         sc: the SparkContext (a classic session's; Spark Connect's have no bar here).
-        stream: where the run's progress goes (default ``sys.stderr``): nothing is done
-            unless it is a terminal.
 
     Returns:
         Whether a bar was stopped now.
     """
-    out = stream if stream is not None else sys.stderr
     try:
-        if not out.isatty():
-            return False
         option = sc._jsc.sc().progressBar()
         if not option.isDefined():
             return False
@@ -335,8 +332,8 @@ def quiet_spark_console(sc: Any, stream: TextIO | None = None) -> bool:
     from sparktrain.log import get_logger
 
     get_logger(__name__).info(
-        "Spark's console progress bar is off for this session: it drew over sparktrain's "
-        "progress in this terminal (spark.ui.showConsoleProgress=false when the session is "
-        "built keeps it from starting)"
+        "Spark's console progress bar is off for this session: it draws in front of the "
+        "ranks' lines (spark.ui.showConsoleProgress=false when the session is built keeps it "
+        "from starting)"
     )
     return True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,25 +270,25 @@ class _Context:
         self._jsc = Jsc()
 
 
-def test_spark_console_bar_is_stopped_when_it_would_draw_over_a_terminal(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_spark_console_bar_is_stopped_also_where_the_output_is_piped(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``python train.py 2>&1 | tee train.log``, or a notebook's cell: not a terminal, but
+    the bar's ``\r[Stage 1:>  (0 + 2) / 2]`` and the next ``[rank 0]`` line still end up on
+    one line."""
     import logging
     import os
 
     from sparktrain.driver.progress import quiet_spark_console
 
-    leader, follower = os.openpty()  # a real terminal
-    with os.fdopen(follower, "w") as terminal, open(tmp_path / "log", "w") as file:
+    read, write = os.pipe()
+    with os.fdopen(read) as _, os.fdopen(write, "w") as pipe:
+        monkeypatch.setattr(sys, "stderr", pipe)
+        monkeypatch.setattr(sys, "stdout", pipe)
         bar = _Bar()
         with caplog.at_level(logging.INFO):
-            assert quiet_spark_console(_Context(bar), terminal) is True
+            assert quiet_spark_console(_Context(bar)) is True
         assert bar.stopped == 1
         assert "Spark's console progress bar is off for this session" in caplog.text
-        # Output to a file (a notebook's kernel log, a CI log): Spark's bar is left alone.
-        untouched = _Bar()
-        assert quiet_spark_console(_Context(untouched), file) is False
-        assert untouched.stopped == 0
         # A session built with spark.ui.showConsoleProgress=false has no bar to stop.
-        assert quiet_spark_console(_Context(None), terminal) is False
-    os.close(leader)
+        assert quiet_spark_console(_Context(None)) is False
