@@ -104,7 +104,7 @@ def counted(fn: Callable[..., Any], counters: Counters) -> Callable[..., Any]:
         except BaseException:
             counters.leave()
             raise
-        future = _future_of(work)
+        future = None if work is None else _future_of(work)
         if future is None:
             counters.leave()
         else:
