@@ -19,6 +19,7 @@ from typing import Any
 
 from sparktrain.commands import doctor_host
 from sparktrain.commands.doctor_probes import FAIL, OK, WARN, Check
+from sparktrain.shipping.python_probe import executor_python, pin_python
 
 CLUSTER_TIMEOUT = 120.0
 SHARED_FIX = (
@@ -73,6 +74,9 @@ def probe_cluster(
         sc.setJobGroup(group, "sparktrain doctor: one task per executor", True)
         try:
             rdd = sc.parallelize(range(n), n).barrier().mapPartitions(task)
+            # The interpreter a run starts, to report on what a run would meet (unchecked: the
+            # report is the check).
+            pin_python(rdd, sc, executor_python(sc)[0])
             out["rows"] = rdd.collect()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             out["error"] = exc

@@ -27,6 +27,7 @@ from sparktrain.data.dataset import (
 from sparktrain.data.task_writer import WRITERS, spark_lacks_filesystem, write_from_tasks
 from sparktrain.errors import ConfigurationError
 from sparktrain.log import get_logger
+from sparktrain.shipping.python_probe import sparktrain_python
 
 _log = get_logger(__name__)
 
@@ -379,5 +380,8 @@ def _probe_from_executors(
         tasks = max(2, int(spark.sparkContext.defaultParallelism))
     except Exception:  # Spark Connect has no SparkContext
         tasks = 2
-    rows = spark.range(0, tasks, 1, tasks).mapInArrow(probe, "host string, error string").collect()
+    # The interpreter a run starts (checked as a run checks it), not the session's default.
+    with sparktrain_python(spark):
+        stage = spark.range(0, tasks, 1, tasks).mapInArrow(probe, "host string, error string")
+    rows = stage.collect()
     return [(row["host"], row["error"]) for row in rows if row["error"]]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparktrain.data.dataset import filesystem
+from sparktrain.shipping.python_probe import sparktrain_python
 
 WRITERS = ("auto", "spark", "tasks")
 PART_PREFIX = "part-"
@@ -51,7 +52,9 @@ def write_from_tasks(
         fs.rm(root, recursive=True)
     fs.makedirs(root, exist_ok=True)
     write = _partition_writer(url, dict(storage_options or {}), row_group_size_bytes)
-    rows = df.mapInArrow(write, "partition long, file string, size long, sha256 string").collect()
+    with sparktrain_python(df.sparkSession):
+        stage = df.mapInArrow(write, "partition long, file string, size long, sha256 string")
+    rows = stage.collect()
     written = [row for row in sorted(rows, key=lambda row: row["partition"]) if row["file"]]
     names = [row["file"] for row in written]
     _remove_strays(fs, root, set(names))

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.inference.predictor import DEVICES, TASKS, ModelSpec, return_type
+from sparktrain.shipping.python_probe import pin_udf
 
 
 def predict_udf(
@@ -198,12 +199,14 @@ def pickle_model(model: Any, state: Mapping[str, Any] | None) -> bytes:
 
 
 def spark_udf(spec: ModelSpec) -> Any:
-    """The Spark UDF of ``spec``: an Arrow iterator UDF (pandas on PySpark before 4.1)."""
+    """The Spark UDF of ``spec``: an Arrow iterator UDF (pandas on PySpark before 4.1), that
+    starts the executors' Python a run would start (see
+    :func:`~sparktrain.shipping.python_probe.pin_udf`)."""
     ddl = return_type(spec.task)
     try:
         from pyspark.sql.functions import arrow_udf
     except ImportError:
-        return _pandas_udf(spec, ddl)
+        return pin_udf(_pandas_udf(spec, ddl))
 
     # The type hints tell PySpark this is an iterator UDF (one call per task, many batches).
     def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
@@ -211,7 +214,7 @@ def spark_udf(spec: ModelSpec) -> Any:
 
         yield from predict_arrow(spec, batches)
 
-    return arrow_udf(predict, ddl)  # type: ignore[call-overload]
+    return pin_udf(arrow_udf(predict, ddl))  # type: ignore[call-overload]
 
 
 def _pandas_udf(spec: ModelSpec, ddl: str) -> Any:

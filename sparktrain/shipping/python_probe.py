@@ -16,8 +16,12 @@ hundreds of lines. So, for sparktrain's own jobs:
 
 What the executors' environment and ``spark.executorEnv.*`` hold is fixed when the context
 starts, but the interpreter is read by PySpark each time it wraps a Python function for a job:
-sparktrain sets it for its own jobs only (:func:`pin_python`), and the user's other jobs keep
-the interpreter the session was started with.
+an RDD's when its Java side is first built, a DataFrame's (``mapInArrow``, ``mapInPandas``, a
+pandas or Arrow UDF) when the plan or the UDF's column is built. sparktrain sets it for its own
+jobs only, every one of them through :func:`sparktrain_python` (or :func:`pin_python` /
+:func:`pin_udf`, built on the same swap), and the user's other jobs keep the interpreter the
+session was started with. A Spark Connect client cannot choose the server's Python: there,
+nothing is pinned (a run checks the executors in its first stage instead).
 
 Where the choice is not known to work (any master but a local one running this very
 interpreter), :func:`check_executor_python` runs one small task before the barrier stage is
@@ -44,8 +48,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from sparktrain.shipping.spark_errors import describe_spark_error
 from sparktrain.errors import ConfigurationError
+from sparktrain.shipping.spark_errors import describe_spark_error
 
 _log = logging.getLogger(__name__)
 
@@ -57,8 +61,9 @@ MODULES = ("sparktrain", "torch")
 ENTRY_MODULES = ("sparktrain.task.entry", "sparktrain.worker.bootstrap")
 _LOCAL_MASTER = re.compile(r"^local(?:\[[^\]]*\]|-cluster\[[^\]]*\])?$")
 
-# Swapping ``sc.pythonExec`` while one of sparktrain's jobs wraps its function: one at a time.
-_SWAP = threading.Lock()
+# Swapping ``sc.pythonExec`` while one of sparktrain's jobs wraps its function: one at a time
+# (re-entrant: a block may build a job whose UDF pins again).
+_SWAP = threading.RLock()
 # SparkContext -> {interpreter: report}; a context that is stopped and made anew is probed again.
 _CHECKED: weakref.WeakKeyDictionary[Any, dict[str, ProbeReport]] = weakref.WeakKeyDictionary()
 _CHECKED_LOCK = threading.Lock()
@@ -134,6 +139,81 @@ def _python_exec(sc: Any, python: str) -> Iterator[None]:
             yield
         finally:
             sc.pythonExec = before
+
+
+def classic_context(spark: Any) -> Any | None:
+    """The SparkContext of a classic SparkSession (or ``spark`` itself when it is one); None
+    for a Spark Connect session, whose client has no say in the executors' Python."""
+    if hasattr(spark, "pythonExec"):
+        return spark
+    try:
+        return spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext on the client
+        return None
+
+
+@contextlib.contextmanager
+def sparktrain_python(
+    spark: Any, *, check: bool = True, timeout: float = PROBE_TIMEOUT
+) -> Iterator[str | None]:
+    """The Python functions PySpark wraps inside this block start the interpreter a run
+    starts on the executors (:func:`executor_python`), not the session's default.
+
+    Build the job inside the block (``rdd._jrdd``, ``df.mapInArrow(...)``, ``udf(column)``);
+    it may run after it. The block holds a lock that other threads' pins wait for, so it
+    should not wait for another thread's Spark job.
+
+    Args:
+        spark: a SparkSession or SparkContext; for Spark Connect the block changes nothing.
+        check: first run :func:`check_executor_python` (where the interpreter is not known
+            to work: a one-task job, once per SparkContext and interpreter).
+        timeout: the check's, see :func:`probe`.
+
+    Yields:
+        The interpreter pinned, or None for Spark Connect.
+
+    Raises:
+        ConfigurationError: the check found that the executors' Python cannot run
+            sparktrain (the message a run gives).
+    """
+    sc = classic_context(spark)
+    if sc is None:
+        yield None
+        return
+    python = executor_python(sc)[0]
+    if check:
+        check_executor_python(sc, timeout)
+    with _python_exec(sc, python):
+        yield python
+
+
+def pin_udf(udf: Any, check: bool = True) -> Any:
+    """``udf`` (a pandas or Arrow UDF) wrapped, when first applied to a column, inside
+    :func:`sparktrain_python` for the session active then.
+
+    PySpark wraps a UDF's function once, at its first call on a column, with the interpreter
+    of that moment, and keeps it; so pinning that first call pins every use. A Spark Connect
+    UDF, which PySpark wraps on the server, is returned unchanged.
+
+    Returns:
+        ``udf`` itself.
+    """
+    inner = getattr(udf, "_unwrapped", udf)
+    create = getattr(inner, "_create_judf", None)
+    if create is None:
+        return udf
+
+    def create_pinned(*args: Any, **kwargs: Any) -> Any:
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is None:  # PySpark starts a session for it: nothing chosen yet to pin
+            return create(*args, **kwargs)
+        with sparktrain_python(sc, check=check):
+            return create(*args, **kwargs)
+
+    inner._create_judf = create_pinned
+    return udf
 
 
 def pin_python(rdd: Any, sc: Any, python: str) -> None:
