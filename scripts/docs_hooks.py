@@ -3,11 +3,15 @@
 ``<!-- settings-table -->`` in a page becomes the table of every setting, read from
 :class:`sparktrain.config.RunConfig`'s declarations (the source ``defaults.conf`` is written
 from); ``<!-- public-api -->`` becomes one mkdocstrings entry per name of
-``sparktrain.__all__``, in that order.
+``sparktrain.__all__``, in that order. In the API reference, a runner's argument that is a
+setting shows the setting's default (its signature says ``None``: "not given here", so
+that the Spark conf and the environment can set it), linked to the Settings page.
 """
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Any
 
 SETTINGS_MARK = "<!-- settings-table -->"
@@ -19,26 +23,77 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def settings_table() -> str:
-    """The Markdown table of every setting: argument, Spark conf key, environment variable,
-    built-in default and meaning."""
-    from sparktrain.config import RunConfig
-    from sparktrain.config.keys import KINDS, conf_key_of, env_key, settings_of
+def _key(text: str) -> str:
+    """A setting's name or key as inline code that never wraps mid-word (``.st-key`` in
+    docs/stylesheets/extra.css: the theme breaks code anywhere to fit a narrow column)."""
+    return f'<code class="st-key">{html.escape(text)}</code>'
 
-    rows = [
-        "| argument | Spark conf key | environment | default | meaning |",
-        "|---|---|---|---|---|",
-    ]
+
+def setting_defaults() -> dict[str, str]:
+    """Each setting's built-in default as the Settings page writes it, by argument name."""
+    from sparktrain.config import RunConfig
+    from sparktrain.config.keys import KINDS, settings_of
+
+    out = {}
     for field in settings_of(RunConfig):
         meta = field.metadata
         value = field.default
         default = meta["unset"] if value is None else KINDS[meta["kind"]][1](value)
+        out[field.name] = default or "none"
+    return out
+
+
+def settings_table() -> str:
+    """The Markdown table of every setting: its argument, Spark conf key and environment
+    variable (one cell, one name a line), built-in default and meaning."""
+    from sparktrain.config import RunConfig
+    from sparktrain.config.keys import conf_key_of, env_key, settings_of
+
+    defaults = setting_defaults()
+    rows = [
+        "| argument, Spark conf key, environment | default | meaning |",
+        "|---|---|---|",
+    ]
+    for field in settings_of(RunConfig):
+        names = (field.name, conf_key_of(RunConfig, field.name), env_key(field.name))
         rows.append(
-            f"| `{field.name}` | `{conf_key_of(RunConfig, field.name)}` | "
-            f"`{env_key(field.name)}` | {_cell(f'`{default}`' if default else 'none')} | "
-            f"{_cell(str(meta['doc']))} |"
+            f"| {'<br>'.join(_key(name) for name in names)} | "
+            f"{_cell(f'`{defaults[field.name]}`')} | {_cell(str(field.metadata['doc']))} |"
         )
     return "\n".join(rows) + "\n"
+
+
+# The API reference's classes whose keyword arguments include settings.
+RUNNERS = ("SparkRunner", "HorovodRunner")
+# One row of mkdocstrings' parameter table whose default is None: its name, and the cell.
+_NONE_ROW = re.compile(
+    r'(<tr class="doc-section-item">\s*<td>\s*<code>(\w+)</code>(?:(?!</tr>).)*?)'
+    r"<td>\s*<code>None</code>\s*</td>(\s*</tr>)",
+    re.S,
+)
+
+
+def settings_defaults_in_api(page_html: str) -> str:
+    """``page_html`` with the real default in place of ``None`` for every argument of a
+    runner that is a setting."""
+    defaults = setting_defaults()
+
+    def cell(match: re.Match[str]) -> str:
+        name = match.group(2)
+        if name not in defaults:
+            return match.group(0)
+        link = '<a href="settings.html" title="the setting\'s default (see Settings)">'
+        value = html.escape(defaults[name])
+        return f"{match.group(1)}<td>{link}<code>{value}</code></a></td>{match.group(3)}"
+
+    for runner in RUNNERS:
+        start = page_html.find(f'id="sparktrain.{runner}"')
+        if start < 0:
+            continue
+        after = re.compile(r'id="sparktrain\.[A-Za-z_]+"').search(page_html, start + 1)
+        end = after.start() if after else len(page_html)
+        page_html = page_html[:start] + _NONE_ROW.sub(cell, page_html[start:end]) + page_html[end:]
+    return page_html
 
 
 def public_api() -> str:
@@ -55,3 +110,10 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     if API_MARK in markdown:
         markdown = markdown.replace(API_MARK, public_api())
     return markdown
+
+
+def on_page_content(content: str, page: Any, **_: Any) -> str:
+    """Give the API reference's runner arguments that are settings their real defaults."""
+    if page.file.src_uri == "api.md":
+        return settings_defaults_in_api(content)
+    return content

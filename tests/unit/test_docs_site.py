@@ -4,6 +4,7 @@ from the pinned mkdocs tools, and its pages written from the code say what the c
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,9 +53,46 @@ def test_every_page_is_built_with_navigation_and_search(site: Path) -> None:
 
 def test_the_settings_page_lists_every_setting_from_the_code(site: Path) -> None:
     html = (site / "settings.html").read_text(encoding="utf-8")
-    missing = [key for key in conf_keys() if f"<code>{key}</code>" not in html]
+    missing = [key for key in conf_keys() if f'<code class="st-key">{key}</code>' not in html]
     assert missing == []
-    assert "<code>SPARKTRAIN_START_TIMEOUT</code>" in html
+    assert '<code class="st-key">SPARKTRAIN_START_TIMEOUT</code>' in html
+
+
+def test_the_settings_keys_never_wrap_mid_word(site: Path) -> None:
+    """The theme breaks inline code anywhere to fit a column ("spark.spark / train.backe /
+    nd"); the settings' names, keys and variables are styled to break nowhere."""
+    html = (site / "settings.html").read_text(encoding="utf-8")
+    assert 'href="stylesheets/extra.css"' in html
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    rule = re.search(r"\.md-typeset code\.st-key\s*\{([^}]*)\}", css)
+    assert rule is not None
+    assert "white-space: nowrap" in rule.group(1) and "word-break: normal" in rule.group(1)
+    keys = re.findall(r'<code class="st-key">([^<]*)</code>', html)
+    assert len(keys) == 3 * len(conf_keys())  # argument, conf key, environment variable
+
+
+def test_the_api_reference_shows_the_settings_real_defaults(site: Path) -> None:
+    """A runner's setting argument is None in the signature ("not given"): the reference
+    shows the default it then has, as the Settings page does, not "None"."""
+    html = (site / "api.html").read_text(encoding="utf-8")
+    runner = html[
+        html.index('id="sparktrain.SparkRunner"') : html.index('id="sparktrain.SparkTrainError"')
+    ]
+    rows = {
+        m.group(1): re.sub(r"\s+", " ", m.group(2)).strip()
+        for m in re.finditer(
+            r'<tr class="doc-section-item">\s*<td>\s*<code>(\w+)</code>(?:(?!</tr>).)*<td>((?:(?!<td>).)*?)</td>\s*</tr>',
+            runner,
+            re.S,
+        )
+    }
+    setting = (
+        '<a href="settings.html" title="the setting\'s default (see Settings)"><code>{}</code></a>'
+    )
+    assert rows["start_timeout"] == setting.format("120s")
+    assert rows["backend"] == setting.format("torch")
+    assert rows["timeout"] == setting.format("none")
+    assert rows["spark"] == "<code>None</code>"  # not a setting: None is its real default
 
 
 def test_the_api_reference_documents_every_public_name(site: Path) -> None:
