@@ -17,7 +17,7 @@ file of the same name) gives way to the driver's.
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
+import importlib.util
 import os
 import sys
 import tempfile
@@ -76,8 +76,8 @@ def _check_name(rel: str) -> None:
 
 def _importable_alike(top: str, group: Mapping[str, bytes]) -> bool:
     """Whether ``top`` is importable here from files equal to those that travelled."""
-    try:
-        spec = importlib.machinery.PathFinder.find_spec(top)
+    try:  # every finder this process has (an editable install's too), importing nothing
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError, OSError):
         return False
     if spec is None or not spec.has_location or not spec.origin:

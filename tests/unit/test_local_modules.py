@@ -3,6 +3,7 @@ their size, the setting that turns it off, and how a rank writes and imports the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import sys
@@ -218,6 +219,29 @@ def test_modules_the_rank_already_imports_from_the_same_files_are_not_copied(
     folder = module_copies.install({"lm_base.py": b"BASE = 1\n"}, tmp_path)
     assert folder is not None and (folder / "lm_base.py").read_bytes() == b"BASE = 1\n"
     assert sys.path[0] == str(folder)
+
+
+class EditableFinder:
+    """What an editable install (``pip install -e``) adds to ``sys.meta_path``: a finder that
+    maps its modules to the project's files, which no folder on ``sys.path`` holds."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name, self.path = name, path
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        return importlib.util.spec_from_file_location(name, self.path)
+
+
+def test_a_module_an_editable_install_gives_from_the_same_file_is_not_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank_paths: None
+) -> None:
+    source = tmp_path / "src" / "lm_editable.py"
+    write_tree(tmp_path / "src", {"lm_editable.py": "EDITABLE = 1\n"})
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, EditableFinder("lm_editable", source)])
+    assert module_copies.install({"lm_editable.py": source.read_bytes()}, tmp_path) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 @pytest.mark.parametrize("rel", ["../evil.py", "/etc/evil.py", "pkg/evil.sh", "a-b/c.py"])
