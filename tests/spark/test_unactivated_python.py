@@ -3,7 +3,10 @@ Spark job sparktrain starts runs the executors' Python a run chooses, not ``pyth
 
 One subprocess: this venv's interpreter run directly, with no PYSPARK_PYTHON and a PATH whose
 first ``python3`` is a fresh venv's (the same Python, without pyarrow, torch or sparktrain),
-runs ``tests/fixtures/unactivated_jobs.py`` on a ``local-cluster`` session of its own.
+runs ``tests/fixtures/unactivated_jobs.py`` on a ``local-cluster`` session of its own (and
+``sparktrain doctor --spark``'s ``local[2]`` one). Before every job pinned the interpreter,
+all but doctor's Spark check failed there, with ``No module named 'pyarrow'`` (or
+``'cloudpickle'``) from the PATH's ``python3``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ def _unactivated_env(bare: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.timeout(240)  # its own local-cluster and doctor's local[2] session, tiny jobs
+@pytest.mark.slow
+# Its own local-cluster session and doctor's local[2] one side by side, then tiny jobs: about
+# 1.5 min on a quiet 2-core machine, several times that on a busy one.
+@pytest.mark.timeout(480)
 def test_every_spark_job_runs_the_runs_python_from_an_unactivated_venv(
     bare_bin: Path, tmp_path: Path
 ) -> None:
@@ -60,7 +66,7 @@ def test_every_spark_job_runs_the_runs_python_from_an_unactivated_venv(
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=450,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith(("OK ", "FAIL "))]
     report = "\n".join(lines) + "\n--- stderr (end) ---\n" + done.stderr[-4000:]
