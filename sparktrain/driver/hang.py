@@ -65,6 +65,9 @@ class HangWatch:
         self.timeout = config.stall_timeout
         self.recheck = min(RECHECK, self.timeout / 4) if self.timeout else RECHECK
         self.counts: dict[int, Counts] = {}
+        # The ranks inside a collective now, kept as counts arrive (the monitor asks after
+        # every message whether any is: a question that must not cost a pass over the ranks).
+        self._inside: set[int] = set()
         self._life: dict[int, float] = {}
         self._moved: float | None = None
         self._looked: float | None = None
@@ -72,6 +75,7 @@ class HangWatch:
     def start(self, now: float, ranks: Iterable[int]) -> None:
         """The ``ranks`` may run from ``now`` (none has entered a collective yet)."""
         self.counts = {rank: (0, 0) for rank in ranks}
+        self._inside = set()
         self._moved = now
 
     def moved(self, rows: Iterable[list[int]], now: float) -> None:
@@ -79,6 +83,10 @@ class HangWatch:
         for rank, entered, completed in rows:
             if rank in self.counts and self.counts[rank] != (entered, completed):
                 self.counts[rank] = (entered, completed)
+                if entered > completed:
+                    self._inside.add(rank)
+                else:
+                    self._inside.discard(rank)
                 self._moved = now
                 self._looked = None
 
@@ -89,9 +97,7 @@ class HangWatch:
     def first_look(self) -> float | None:
         """When the counts will have been still for ``stall_timeout``, while a rank waits
         inside a collective (the stall watch waits for this look); else None."""
-        if self.timeout is None or self._moved is None:
-            return None
-        if not any(entered > completed for entered, completed in self.counts.values()):
+        if self.timeout is None or self._moved is None or not self._inside:
             return None
         return self._moved + self.timeout
 

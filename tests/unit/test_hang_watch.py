@@ -96,6 +96,14 @@ def test_a_count_that_moves_restarts_the_wait() -> None:
     assert watch.deadline() == 1120.0
 
 
+def test_the_stall_watch_waits_for_the_first_look_only_while_a_rank_waits() -> None:
+    watch = _watch()
+    watch.moved([[0, 3, 2]], 1000.0)
+    assert watch.first_look() == 1060.0
+    watch.moved([[0, 3, 3]], 1001.0)  # it left: no rank waits
+    assert watch.first_look() is None
+
+
 def test_off_never_looks() -> None:
     watch = HangWatch(_config(-2, stall_timeout="off"))
     watch.start(0.0, [0, 1])
