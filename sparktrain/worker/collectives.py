@@ -15,6 +15,10 @@ pass after a forward of a DDP model that synchronizes gradients counts as one co
 entered when the backward pass reaches the model's output and completed once DDP has waited
 for its all-reduce (the backward pass's last callback). Other collectives issued from C++
 without these Python functions are not seen.
+
+With NCCL, a blocking collective returns (and so counts as completed) once it is queued on
+the GPU: a rank waiting for a peer there blocks later, at its next synchronization with the
+GPU, which is not counted (NCCL's watchdog and flight recorder cover that case).
 """
 
 from __future__ import annotations
