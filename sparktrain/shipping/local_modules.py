@@ -76,7 +76,11 @@ class Scope:
     @classmethod
     def for_function(cls, limit: int) -> Scope:
         """A function's: the modules of the driver's working folder."""
-        return cls(os.path.realpath(os.getcwd()), None, limit)
+        try:
+            root = os.path.realpath(os.getcwd())
+        except OSError:  # the working folder was removed: nothing is in it
+            root = ""
+        return cls(root, None, limit)
 
     @classmethod
     def for_script(cls, path: str, source: str, limit: int) -> Scope:

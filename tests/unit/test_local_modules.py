@@ -150,6 +150,18 @@ def test_a_script_sends_the_modules_of_its_own_folder_that_it_imports(project: P
     assert sorted(scope.files([])) == ["sm_near.py", "sm_tools/__init__.py", "sm_tools/util.py"]
 
 
+def test_a_working_folder_that_was_removed_sends_nothing_and_the_call_still_pickles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert Scope.for_function(BIG).root == ""
+    fn, args, _ = load_call(dump_call(len, ([1, 2],), {}, BIG, Scope.for_function(BIG)))
+    assert fn(*args) == 2
+
+
 # --- the limit, and the setting that turns it off ---------------------------------------------
 
 
