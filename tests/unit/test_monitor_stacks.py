@@ -7,11 +7,12 @@ ChannelServer.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
 from sparktrain.driver.stall import StallWatch
-from sparktrain.errors import RunStalledError, RunTimeoutError, WorkerFailure
+from sparktrain.errors import RunHungError, RunStalledError, RunTimeoutError, WorkerFailure
 from sparktrain.wire import protocol
 from tests.unit.test_monitor import Done, FakeLaunch, FakeTask, monitor, ok_records, server
 
@@ -118,3 +119,32 @@ def test_a_rank_that_only_lost_its_peer_to_the_stop_does_not_hide_the_timeout(se
     assert str(info.value).startswith("the run exceeded timeout=0.5s")
     assert set(info.value.stopped) == {0, 1}
     assert "  rank 1: Connection closed by peer" in str(info.value).splitlines()
+
+
+def test_a_hang_is_named_once_with_its_error_and_no_stall_warning_before_it(server) -> None:
+    def body(tasks: list[FakeTask], done: Done) -> None:
+        for task in tasks:
+            task.hello()
+        for i, task in enumerate(tasks):
+            task.started(i)
+        tasks[0].client.send(protocol.COLLECTIVES(counts=[[0, 1, 0]]))  # rank 0 waits
+        tasks[1].client.send(protocol.COLLECTIVES(counts=[[1, 0, 0]]))  # rank 1 never comes
+        for i, task in enumerate(tasks):
+            assert task.aborted.wait(10)
+            task.client.send(stack(i, f"in train at train.py:{i}", stopped=True))
+            task.exited()
+
+    mon, _ = monitor(server, stall_timeout=0.5)
+    launch = FakeLaunch(server, 2, body)
+    with pytest.raises(RunHungError) as info:
+        mon.watch(launch)
+    message = str(info.value)
+    assert message.startswith(
+        f"the run hung: rank 1 (host h, pid {os.getpid()}; outside any collective, 0 done) "
+        f"is behind, while rank 0 (host h, pid {os.getpid()}; waiting in collective #1) waited"
+    )
+    assert "  rank 1: in train at train.py:1" in message.splitlines()
+    # The silence watch waited for the hang watch: no rank was asked for its stack before.
+    for task in launch.tasks:
+        left = [task.received.get_nowait() for _ in range(task.received.qsize())]
+        assert [m["type"] for m in left if m["type"] == "show_stacks"] == []
