@@ -20,12 +20,12 @@ from sparktrain.driver.interrupt import plain_ctrl_c
 from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
 from sparktrain.driver.preflight import call_conf, check_run
 from sparktrain.driver.progress import Progress, quiet_spark_console
-from sparktrain.shipping.python_probe import check_executor_python
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
 from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
 from sparktrain.shipping.local_modules import scope_of
 from sparktrain.shipping.payload import dump_call, dumps
+from sparktrain.shipping.python_probe import check_executor_python
 from sparktrain.shipping.script import run_script, script_call
 from sparktrain.shipping.signature import check_call
 from sparktrain.task.assignment import TaskJob
