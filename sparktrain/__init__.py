@@ -14,7 +14,8 @@ the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every
   message kind;
 - ``config/``, ``layout/``, ``shipping/``: a run's settings, its layout (and the part of it
-  each task is sent), what crosses to the ranks and back (its pickles);
+  each task is sent), what crosses to the ranks and back (its pickles, and the executors'
+  Python that every Spark job of sparktrain's starts, ``shipping/python_probe``);
 - ``backends/``: how ranks find each other (torch.distributed, Horovod);
 - ``worker/``: inside a rank's process (never imports pyspark);
 - ``checkpoint/``, ``data/``, ``plot``: libraries for the training function and the notebook;
