@@ -6,6 +6,8 @@
 # cloudpickle pyproject.toml allows. ARGS go to the unit tier's pytest.
 #
 #   scripts/test-newest.sh [ARGS]
+#   scripts/test-newest.sh --install-only   (the environment alone: CI makes it beside the suite)
+#   scripts/test-newest.sh --installed [ARGS]   (the tests alone, in the environment made before)
 #
 # torch alone keeps its pin (the CPU build): the newest torch on PyPI is the CUDA build, several
 # GB that a CPU machine cannot use, and a torch release changes what the ranks run far more
@@ -18,16 +20,24 @@ PY="$VENV/bin/python"
 CLOUDPICKLE_LOWEST=3.0.0   # keep in step with pyproject.toml's cloudpickle>=
 say() { printf '\033[1m[sparktrain]\033[0m %s\n' "$*"; }
 
-if [ ! -x "$PY" ]; then
-    say "creating $VENV"
-    "${PYTHON:-python3}" -m venv "$VENV"
-fi
-grep '^torch==' sparktrain/constraints.txt > "$VENV/torch-only.txt"
-"$PY" -m pip install -q -c "$VENV/torch-only.txt" torch setuptools wheel
-# eager: a reused environment moves to releases made since it was created
-"$PY" -m pip install -q --upgrade --upgrade-strategy eager -c "$VENV/torch-only.txt" \
-    -r requirements/test.txt -e ".[spark,connect,data,examples,tracking,docs]"
-"$PY" -m pip check
+install() {
+    if [ ! -x "$PY" ]; then
+        say "creating $VENV"
+        "${PYTHON:-python3}" -m venv "$VENV"
+    fi
+    grep '^torch==' sparktrain/constraints.txt > "$VENV/torch-only.txt"
+    "$PY" -m pip install -q --no-compile -c "$VENV/torch-only.txt" torch setuptools wheel
+    # eager: a reused environment moves to releases made since it was created
+    "$PY" -m pip install -q --no-compile --upgrade --upgrade-strategy eager \
+        -c "$VENV/torch-only.txt" -r requirements/test.txt \
+        -e ".[spark,connect,data,examples,tracking,docs]"
+    "$PY" -m pip check
+}
+case "${1:-}" in
+    --install-only) install; exit 0 ;;
+    --installed) shift ;;
+    *) install ;;
+esac
 say "newest: $("$PY" -m pip list --format=freeze 2>/dev/null |
     grep -iE '^(cloudpickle|psutil|pyspark|pyarrow|pandas|numpy|fsspec|torch)==' | tr '\n' ' ')"
 export PYSPARK_PYTHON="$PY"
