@@ -76,6 +76,8 @@ class Context:
 
         options = dict(use_gpu=self.cuda, progress=False, timeout=self.left())
         options.update(driver_log_verbosity="log_callback_only", warm_start=warm)
+        if self.dry:  # as the plain processes have it (a rank's default: its task's cores)
+            options["env"] = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         if horovod:
             return HorovodRunner(np=np, horovod_impl="builtin", **options)
         return SparkRunner(np, **options)
