@@ -78,7 +78,7 @@ def _importable_alike(top: str, group: Mapping[str, bytes]) -> bool:
     """Whether ``top`` is importable here from files equal to those that travelled."""
     try:  # every finder this process has (an editable install's too), importing nothing
         spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError, OSError):
+    except Exception:  # noqa: BLE001 - a finder that fails finds nothing: the copies serve
         return False
     if spec is None or not spec.has_location or not spec.origin:
         return False  # missing, or a namespace package: its portions merge with the copies'
