@@ -228,7 +228,7 @@ def imports_in_source(source: bytes, name: str, package: bool) -> set[str]:
         return set()  # the rank will raise the same error, on the line that has it
     found: set[str] = set()
     home = name if package else name.rpartition(".")[0]
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -237,6 +237,17 @@ def imports_in_source(source: bytes, name: str, package: bool) -> set[str]:
                 found.add(target)
                 found.update(f"{target}.{a.name}" for a in node.names if a.name != "*")
     return found
+
+
+def _statements(nodes: list[Any]) -> Iterator[ast.AST]:
+    """Every statement in ``nodes`` and in the blocks they hold (an import is a statement:
+    expressions, by far the most nodes, need no visit)."""
+    for node in nodes:
+        yield node
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, block, None)
+            if isinstance(inner, list):
+                yield from _statements(inner)
 
 
 def imports_in_code(code: types.CodeType) -> Iterator[str]:
