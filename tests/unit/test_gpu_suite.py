@@ -73,13 +73,15 @@ def test_dry_run_gives_every_case_its_rows(tmp_path: Path) -> None:
         if row["target"] is not None:
             assert isinstance(row["met"], bool), row
     skipped = {row["row"]: row["skip"] for row in rows if row["skip"]}
-    assert skipped == {
-        "Databricks train_hvd, np=-k": "dry run: one rank per call",
-        "ALCF torch_hvd_mnist, np=-k": "dry run: one rank per call",
-        "from_dataframe (driver-side) -> CNN (samples/s)": "not available in this version",
-        "sharded save (s)": "not available in this version",
-        "asynchronous save: blocking (s)": "not available in this version",
-    }
+    later = ("from_dataframe (driver-side) -> CNN (samples/s)", "sharded save (s)")
+    later += ("asynchronous save: blocking (s)",)
+    assert set(skipped) == {"Databricks train_hvd, np=-k", "ALCF torch_hvd_mnist, np=-k", *later}
+    assert skipped["Databricks train_hvd, np=-k"] == "dry run: one rank per call"
+    assert skipped["ALCF torch_hvd_mnist, np=-k"] == "dry run: one rank per call"
+    for name in later:  # features of later versions: absent, or present without a case yet
+        assert skipped[name] == "not available in this version" or skipped[name].endswith(
+            " is present, but this suite has no case for it yet"
+        ), skipped[name]
     targets = {row["row"]: row["target"]["text"] for row in rows if row["target"]}
     assert targets == {
         "Databricks train_hvd, np=-1: whole call (s)": "< 10 s",
