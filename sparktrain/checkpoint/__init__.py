@@ -33,10 +33,10 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.checkpoint import _commit, _loader, _owner, layout
+from sparktrain.checkpoint import _commit, _loader, _owner, _sharded, layout
 from sparktrain.checkpoint._errors import (
     CheckpointError,
     CheckpointOwnershipError,
@@ -114,6 +114,7 @@ def save(
     take_over: bool = False,
     shared: bool = False,
     loader: Any = None,
+    sharded: bool = False,
 ) -> str | None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, on rank 0 only.
 
@@ -153,6 +154,15 @@ def save(
             ``state["loader"]`` (``state`` must be a dict), which ``load_state_dict`` of a
             later run takes up at any number of ranks. Every rank must then call ``save``
             at the same step, and rank 0 waits for the others' states.
+        sharded: every rank writes its own part of ``state`` through
+            ``torch.distributed.checkpoint`` (DCP), in parallel, e.g. the FSDP model's and
+            optimizer's sharded state dicts from
+            ``torch.distributed.checkpoint.state_dict.get_state_dict``. Every rank must
+            call ``save`` with the same step, after ``dist.init_process_group``. The
+            checkpoint is a folder that counts once every rank's files and DCP's metadata
+            are in and rank 0 has written the commit marker, which records each file's
+            size and SHA-256. Load it with ``load_latest(directory, into=state)``, at this
+            or another number of ranks. Not yet with ``loader=``.
 
     Returns:
         The path or URL of the checkpoint's data file on rank 0; None on other ranks.
@@ -174,9 +184,16 @@ def save(
     where = _directory(directory)
     _check_save_args(step, keep_last)
     if loader is not None:
+        if sharded:
+            raise ConfigurationError(
+                "save(..., sharded=True) does not take loader= yet; save the loader's "
+                "state_dict() in a whole checkpoint beside it, or save without sharded=True"
+            )
         _loader.check_state(state)
     store = _Store(where, storage_options)
     check_shared(where, store.root if store.fs is None else None, shared)
+    if sharded:
+        return _sharded.save(state, store, step, keep_last, take_over, dict(storage_options or {}))
     if loader is not None:
         merged = _loader.gathered(_loader.own_state(loader), where, step)
         state = {**state, _loader.KEY: merged}
@@ -234,6 +251,7 @@ def load_latest(
     weights_only: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     shared: bool = False,
+    into: Any = None,
 ) -> Checkpoint | None:
     """Load the newest committed checkpoint of ``directory``, or None when there is none.
 
@@ -249,9 +267,15 @@ def load_latest(
             must only be used for checkpoints you trust.
         storage_options: fsspec options for URLs; ignored for local paths.
         shared: a local ``directory`` is mounted on every host (see :func:`save`).
+        into: load a sharded checkpoint (``save(..., sharded=True)``) into this state, in
+            place, through ``torch.distributed.checkpoint``: every rank calls it with its
+            own state of the same shape as the saved one (e.g. ``get_state_dict(model,
+            optimizer)`` of an FSDP model), at any number of ranks; rank 0 picks the
+            checkpoint. Then put it back, e.g. with ``set_state_dict``.
 
     Returns:
-        ``Checkpoint(step, state, path)``, or None when no usable checkpoint exists.
+        ``Checkpoint(step, state, path)``, or None when no usable checkpoint exists; with
+        ``into``, ``state`` is ``into``, loaded.
 
     Raises:
         ConfigurationError: ``directory`` is invalid, fsspec is missing for a URL, or
@@ -260,6 +284,8 @@ def load_latest(
         CheckpointError: the newest intact checkpoint cannot be loaded by ``torch.load``
             (e.g. ``weights_only`` or ``map_location`` does not fit it); older ones are not
             tried, since they would almost surely fail the same way.
+        ConfigurationError: the newest intact checkpoint is sharded and ``into`` is not
+            given, or it is whole and ``into`` is given (the message says how to load it).
 
     Example:
         >>> ckpt = sparktrain.checkpoint.load_latest("s3://bucket/run1", map_location="cpu")
@@ -270,16 +296,40 @@ def load_latest(
     where = _directory(directory)
     store = _Store(where, storage_options)
     check_shared(where, store.root if store.fs is None else None, shared)
+    if into is None:
+        return _pick(store, lambda data: _load(store, data, map_location, weights_only))
+
+    def pick() -> tuple[int, str] | None:
+        found = _pick(store, lambda data: _sharded_only(store, data))
+        return None if found is None else (found.step, found.state)
+
+    options = dict(storage_options or {})
+    picked = _sharded.load_into(store, into, options, pick)
+    return None if picked is None else Checkpoint(picked[0], into, store.url(picked[1]))
+
+
+def _sharded_only(store: _Store, data: str) -> str:
+    if not layout.is_sharded(data):
+        raise ConfigurationError(
+            f"the newest checkpoint of {store.where}, {store.url(data)}, is a whole one "
+            "(saved without sharded=True): load it with load_latest(directory) and no into="
+        )
+    return data
+
+
+def _pick(store: _Store, load: Callable[[str], Any]) -> Checkpoint | None:
+    """The newest usable checkpoint, its state being ``load(data name)``; warns of the
+    ones skipped (as :func:`load_latest`'s caller)."""
     for _attempt in range(_ATTEMPTS):
         names = store.names()
-        found, skipped = _newest(store, names, map_location, weights_only)
+        found, skipped = _newest(store, names, load)
         if found is not None or not any(exc.vanished for exc in skipped.values()):
             break
     for step, exc in sorted(skipped.items(), reverse=True):
         warnings.warn(
             f"skipping checkpoint {store.url(marker_name(step))}: {exc}",
             CheckpointWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     newest = -1 if found is None else found.step
     for name in sorted(names):
@@ -288,20 +338,20 @@ def load_latest(
             warnings.warn(
                 f"ignoring {store.url(name)}: it has no commit marker (its save was interrupted)",
                 CheckpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
     return found
 
 
 def _newest(
-    store: _Store, names: list[str], map_location: Any, weights_only: bool
+    store: _Store, names: list[str], load: Callable[[str], Any]
 ) -> tuple[Checkpoint | None, dict[int, Unusable]]:
     """The newest usable checkpoint among ``names``, and why each newer one was skipped."""
     skipped: dict[int, Unusable] = {}
     for step, _marker in layout.committed(names):
         try:
             data = verify(store, step)
-            state = _load(store, data, map_location, weights_only)
+            state = load(data)
         except Unusable as exc:
             skipped[step] = exc
             if exc.vanished:  # pruned under us: everything older is going too
@@ -313,6 +363,14 @@ def _newest(
 
 def _load(store: _Store, data: str, map_location: Any, weights_only: bool) -> Any:
     import torch
+
+    if layout.is_sharded(data):
+        raise ConfigurationError(
+            f"the newest checkpoint of {store.where}, {store.url(data)}, is sharded (saved "
+            "with sharded=True): load it on every rank with load_latest(directory, "
+            "into=state), state being what was saved, e.g. {'model': ..., 'optim': ...} "
+            "from get_state_dict(model, optimizer)"
+        )
 
     try:
         with store.open(data) as f:

@@ -45,7 +45,7 @@ def verify(store: _Store, step: int) -> str:
         Unusable: the checkpoint cannot be used, and why.
     """
     try:
-        _, data, size, digest = parse_marker(store.read(marker_name(step)), step)
+        _, data, size, digest, files = parse_marker(store.read(marker_name(step)), step)
     except FileNotFoundError:
         raise Unusable("the commit marker vanished while being read", "vanished") from None
     except MalformedMarker as exc:
@@ -55,25 +55,42 @@ def verify(store: _Store, step: int) -> str:
     except ValueError as exc:
         raise Unusable(f"the commit marker is unreadable ({exc})") from None
     try:
-        actual = store.size(data)
-        if actual != size:
-            raise Unusable(
-                f"{store.url(data)} is truncated or altered: {actual} bytes, "
-                f"its commit marker records {size}"
-            )
-        sha256 = hashlib.sha256()
-        with store.open(data) as f:
-            while chunk := f.read(_CHUNK):
-                sha256.update(chunk)
-    except FileNotFoundError:
+        if files is None:
+            _check(store, data, size, digest)
+        else:
+            folder = store.sub(data)
+            for name, (size, digest) in sorted(files.items()):
+                _check(folder, name, size, digest)
+    except FileNotFoundError as exc:
         kind: Kind = "damaged" if store.exists(marker_name(step)) else "vanished"
-        raise Unusable(f"its data file {store.url(data)} is missing", kind) from None
+        raise Unusable(f"its data file {exc.filename} is missing", kind) from None
     except OSError as exc:
         raise Unusable(
-            f"its data file {store.url(data)} cannot be read ({exc})", "unreadable"
+            f"its data file {exc.filename} cannot be read ({exc})", "unreadable"
         ) from None
-    if sha256.hexdigest() != digest:
-        raise Unusable(
-            f"{store.url(data)} is corrupted: its SHA-256 differs from the one in its commit marker"
-        )
     return data
+
+
+def _check(store: _Store, name: str, size: int, digest: str) -> None:
+    """Check one data file's size and SHA-256 against its commit marker's record.
+
+    Raises:
+        Unusable: they differ.
+        OSError: it cannot be read (``filename`` is its URL); FileNotFoundError: it is missing.
+    """
+    url = store.url(name)
+    try:
+        actual = store.size(name)
+        if actual != size:
+            raise Unusable(
+                f"{url} is truncated or altered: {actual} bytes, its commit marker records {size}"
+            )
+        sha256 = hashlib.sha256()
+        with store.open(name) as f:
+            while chunk := f.read(_CHUNK):
+                sha256.update(chunk)
+    except OSError as exc:
+        exc.filename = url
+        raise
+    if sha256.hexdigest() != digest:
+        raise Unusable(f"{url} is corrupted: its SHA-256 differs from the one in its commit marker")

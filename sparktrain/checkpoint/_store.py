@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from sparktrain.checkpoint.layout import partial_name
+from sparktrain.checkpoint.layout import SHARDED_SUFFIX, partial_name
 from sparktrain.errors import ConfigurationError
 
 
@@ -45,6 +47,13 @@ class _Store:
     def url(self, name: str) -> str:
         """The path or URL of ``name``, in the form the directory was given."""
         return f"{self.where}/{name}"
+
+    def sub(self, name: str) -> _Store:
+        """The folder ``name`` inside this directory (a sharded checkpoint's data)."""
+        inner = copy.copy(self)
+        inner.root = self._path(name)
+        inner.where = self.url(name)
+        return inner
 
     def names(self) -> list[str]:
         """The entries of the directory; none when it does not exist."""
@@ -85,11 +94,18 @@ class _Store:
         return int(self.fs.size(self._path(name)))
 
     def remove(self, name: str) -> None:
+        """Delete the file ``name``, or the folder ``name`` with everything in it."""
+        path = self._path(name)
         try:
             if self.fs is None:
-                os.remove(self._path(name))
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+            elif name.endswith(SHARDED_SUFFIX) and self.fs.isdir(path):
+                self.fs.rm(path, recursive=True)
             else:
-                self.fs.rm_file(self._path(name))
+                self.fs.rm_file(path)
         except FileNotFoundError:
             pass
 

@@ -3,6 +3,7 @@
 One directory holds one run's checkpoints (see :mod:`sparktrain.checkpoint`)::
 
     step-000000000120.<token>.pt                   data: torch.save bytes, a fresh name per save
+    step-000000000120.<token>.dcp/                 data of a sharded save: a DCP folder
     step-000000000120.commit.json                  commit marker: data name, size, SHA-256
     .step-000000000120.<token>.pt.<tmp>.partial    a local write not yet renamed into place
 
@@ -20,7 +21,8 @@ from typing import NamedTuple
 PARTIAL_SUFFIX = ".partial"
 
 _MARKER = re.compile(r"^step-(\d+)\.commit\.json$")
-_DATA = re.compile(r"^step-(\d+)\.[0-9a-f]+\.pt$")
+_DATA = re.compile(r"^step-(\d+)\.[0-9a-f]+\.(?:pt|dcp)$")
+SHARDED_SUFFIX = ".dcp"
 _PARTIAL_DATA = re.compile(r"^\.step-(\d+)\.[0-9a-f]+\.pt\.[0-9a-f]+\.partial$")
 
 
@@ -31,13 +33,16 @@ class Marker(NamedTuple):
         step: the step it commits (the one in its file name too).
         data: the name of its data file, a data name of the same step.
         size: the data file's size in bytes.
-        sha256: the data file's SHA-256, in hex.
+        sha256: the data file's SHA-256, in hex (empty for a sharded checkpoint).
+        files: for a sharded checkpoint (its data is a folder), each file's name in that
+            folder with its size and SHA-256; None for a whole one.
     """
 
     step: int
     data: str
     size: int
     sha256: str
+    files: dict[str, tuple[int, str]] | None = None
 
 
 class MalformedMarker(ValueError):
@@ -49,9 +54,17 @@ def marker_name(step: int) -> str:
     return f"step-{step:012d}.commit.json"
 
 
-def data_name(step: int, token: str) -> str:
-    """A data file's name for ``step``; ``token`` (lowercase hex) makes each save's unique."""
-    return f"step-{step:012d}.{token}.pt"
+def data_name(step: int, token: str, sharded: bool = False) -> str:
+    """A data file's name for ``step``; ``token`` (lowercase hex) makes each save's unique.
+
+    A sharded save's data is a folder (``.dcp``) that holds every rank's files.
+    """
+    return f"step-{step:012d}.{token}{SHARDED_SUFFIX if sharded else '.pt'}"
+
+
+def is_sharded(data: str) -> bool:
+    """Whether the data name ``data`` is a sharded save's folder."""
+    return data.endswith(SHARDED_SUFFIX)
 
 
 def partial_name(name: str, token: str) -> str:
@@ -104,7 +117,25 @@ def parse_marker(raw: bytes, step: int) -> Marker:
     data, size = str(record.get("data")), record.get("size")
     if data_step(data) != step or not isinstance(size, int):
         raise MalformedMarker("the commit marker is malformed")
-    return Marker(step, data, size, str(record.get("sha256")))
+    if is_sharded(data) != bool(record.get("sharded")):
+        raise MalformedMarker("the commit marker is malformed")
+    files = _parse_files(record.get("files")) if is_sharded(data) else None
+    return Marker(step, data, size, str(record.get("sha256")), files)
+
+
+def _parse_files(listed: object) -> dict[str, tuple[int, str]]:
+    """A sharded marker's files: plain names (inside the folder) to size and SHA-256."""
+    if not isinstance(listed, dict) or not listed:
+        raise MalformedMarker("the commit marker is malformed")
+    files: dict[str, tuple[int, str]] = {}
+    for name, entry in listed.items():
+        if "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise MalformedMarker("the commit marker is malformed")
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or not isinstance(entry.get("sha256"), str):
+            raise MalformedMarker("the commit marker is malformed")
+        files[name] = (size, entry["sha256"])
+    return files
 
 
 def newest_committed(names: Iterable[str], read: Callable[[str], bytes]) -> tuple[str, str] | None:

@@ -1,0 +1,250 @@
+"""Sharded checkpoints: every rank writes its own shards through ``torch.distributed.checkpoint``.
+
+A sharded save's data is a folder, ``step-<step>.<token>.dcp/``, that DCP fills: each rank's
+``__<rank>_<n>.distcp`` files and the ``.metadata`` that rank 0 writes once all are in. The
+folder has a fresh name per save, like a whole checkpoint's data file, and it counts only once
+rank 0 has written its commit marker, which lists every file in it with its size and SHA-256
+(each rank hashes its own files, so no rank reads the others' shards). A kill at any instant
+before the marker leaves an unreferenced folder, which ``load_latest`` ignores and the next
+save deletes; the previous checkpoint stays loadable.
+
+Loading goes the same way back: rank 0 picks the newest intact checkpoint (as ``load_latest``
+does for whole ones), tells every rank, and DCP loads it into the state each rank holds, at
+any number of ranks (DCP reshards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sparktrain.checkpoint import _commit, _owner, layout
+from sparktrain.checkpoint._errors import CheckpointError, CheckpointOwnershipError
+from sparktrain.checkpoint._retention import tidy
+from sparktrain.checkpoint._store import _Store
+from sparktrain.errors import ConfigurationError
+from sparktrain.worker import context
+
+_CHUNK = 1 << 20
+METADATA = ".metadata"
+
+
+def _group() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group; ``(0, 1)`` without one.
+
+    Raises:
+        ConfigurationError: the run has several ranks but no process group.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if context.world_size() > 1:
+        raise ConfigurationError(
+            "sharded checkpoints are written and read by every rank together through "
+            "torch.distributed: call dist.init_process_group(...) on every rank first"
+        )
+    return 0, 1
+
+
+def _share(word: dict[str, Any], world: int) -> dict[str, Any]:
+    """Rank 0's ``word``, on every rank."""
+    if world == 1:
+        return word
+    import torch.distributed as dist
+
+    box = [word]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _raise(word: dict[str, Any], what: str = "") -> None:
+    """On every rank: raise the error rank 0 met, in its type (or CheckpointError)."""
+    if "error" not in word:
+        return
+    kinds = {k.__name__: k for k in (ConfigurationError, CheckpointOwnershipError)}
+    kind = kinds.get(word.get("kind", ""), CheckpointError)
+    raise kind(f"{what}: {word['error']}" if what else word["error"])
+
+
+def _writer(store: _Store, data: str, storage_options: dict[str, Any]) -> Any:
+    if store.fs is None:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(store.sub(data).root, sync_files=True)
+    return _fsspec("FsspecWriter")(store.url(data), sync_files=True, **storage_options)
+
+
+def _reader(store: _Store, data: str, storage_options: dict[str, Any]) -> Any:
+    if store.fs is None:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(store.sub(data).root)
+    return _fsspec("FsspecReader")(store.url(data), **storage_options)
+
+
+def _planner() -> Any:
+    """DCP's load planner, less its guess that a key this rank lacks means a checkpoint of
+    torch 2.3 or older: under FSDP a rank that holds no shard of a tensor lacks its key, and
+    the guess then re-keys the state the old way and fails the load (``Missing key in
+    checkpoint state_dict: optim.param_groups``), e.g. loading 4 ranks' FSDP state at 3."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
+
+    class Planner(DefaultLoadPlanner):
+        def create_local_plan(self) -> Any:
+            if self.metadata is None:
+                return super().create_local_plan()
+            return create_default_local_load_plan(
+                self.state_dict, self.metadata, not self.allow_partial_load
+            )
+
+    return Planner()
+
+
+def _fsspec(name: str) -> Any:
+    try:
+        from torch.distributed.checkpoint import _fsspec_filesystem
+    except ImportError as exc:
+        raise ConfigurationError(
+            "sharded checkpoints on an fsspec URL need torch.distributed.checkpoint's fsspec "
+            f"storage, which this torch lacks ({exc}); use a local or shared path "
+            "(e.g. /dbfs/...) or save without sharded=True"
+        ) from exc
+    return getattr(_fsspec_filesystem, name)
+
+
+def _own_files(folder: _Store, rank: int) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of the files this rank wrote into ``folder`` (rank 0: with DCP's
+    ``.metadata``)."""
+    mine = f"__{rank}_"
+    files: dict[str, dict[str, Any]] = {}
+    for name in sorted(folder.names()):
+        if name.startswith(mine) or (rank == 0 and name == METADATA):
+            sha256 = hashlib.sha256()
+            with folder.open(name) as f:
+                while chunk := f.read(_CHUNK):
+                    sha256.update(chunk)
+            files[name] = {"size": folder.size(name), "sha256": sha256.hexdigest()}
+    return files
+
+
+def _start(store: _Store, step: int, take_over: bool) -> dict[str, Any]:
+    """Rank 0: claim the directory and name the new checkpoint's folder."""
+    try:
+        store.makedirs()
+        _owner.claim(store, _owner.this_process(), take_over)
+    except Exception as exc:
+        return {"error": str(exc), "kind": type(exc).__name__}
+    return {"data": layout.data_name(step, uuid.uuid4().hex[:16], sharded=True)}
+
+
+def save(
+    state: Any,
+    store: _Store,
+    step: int,
+    keep_last: int | None,
+    take_over: bool,
+    storage_options: dict[str, Any],
+) -> str | None:
+    """Every rank: write this rank's shards of ``state``; rank 0 commits once all are in.
+
+    Returns:
+        The checkpoint folder's path or URL on rank 0; None on the other ranks.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = _group()
+    word = _share(_start(store, step, take_over) if rank == 0 else {}, world)
+    _raise(word, f"rank 0 could not start sharded checkpoint {step} of {store.where}")
+    data = word["data"]
+    dcp.save(state, storage_writer=_writer(store, data, storage_options))
+    try:
+        files: dict[str, Any] = _own_files(store.sub(data), rank)
+    except OSError as exc:
+        files = {"error": f"rank {rank} could not read back its shards: {exc}"}
+    everyone = [files]
+    if world > 1:
+        import torch.distributed as dist
+
+        everyone = [{} for _ in range(world)]
+        dist.all_gather_object(everyone, files)
+    if rank != 0:
+        _commit.wait(store.where, step)
+        return None
+    try:
+        path = _commit_sharded(store, step, data, everyone, keep_last)
+    except BaseException as exc:
+        _commit.post(store.where, step, None, exc)
+        raise
+    _commit.post(store.where, step, path)
+    context.tell_saved(step)
+    return path
+
+
+def _commit_sharded(
+    store: _Store, step: int, data: str, everyone: list[dict[str, Any]], keep_last: int | None
+) -> str:
+    """Rank 0: write the commit marker of the folder ``data`` once every rank's files are in."""
+    files: dict[str, Any] = {}
+    for part in everyone:
+        if "error" in part:
+            raise CheckpointError(f"sharded checkpoint {step} of {store.where}: {part['error']}")
+        files.update(part)
+    if METADATA not in files:
+        raise CheckpointError(
+            f"sharded checkpoint {step} of {store.where}: torch.distributed.checkpoint wrote "
+            f"no {METADATA} into {store.url(data)}"
+        )
+    me = _owner.this_process()
+    _owner.recheck(store, me)  # a takeover during a long write must not be committed over
+    marker = {
+        "format": 1,
+        "step": step,
+        "data": data,
+        "sharded": True,
+        "size": sum(entry["size"] for entry in files.values()),
+        "sha256": "",
+        "files": files,
+        "run_id": me["run_id"],
+        "time": time.time(),
+    }
+    store.write(layout.marker_name(step), lambda f: f.write(json.dumps(marker).encode()))
+    tidy(store, step, data, keep_last)
+    return store.url(data)
+
+
+def load_into(
+    store: _Store,
+    into: Any,
+    storage_options: dict[str, Any],
+    pick: Callable[[], tuple[int, str] | None],
+) -> tuple[int, str] | None:
+    """Every rank: load the checkpoint rank 0 ``pick``\\ s into ``into``, in place.
+
+    Returns:
+        ``(step, data folder's name)``, or None when there is no checkpoint.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = _group()
+    word: dict[str, Any] = {}
+    if rank == 0:
+        try:
+            found = pick()
+            word = {"none": True} if found is None else {"step": found[0], "data": found[1]}
+        except (ConfigurationError, CheckpointError) as exc:
+            word = {"error": str(exc), "kind": type(exc).__name__}
+            _share(word, world)
+            raise
+    word = _share(word, world)
+    _raise(word)
+    if "none" in word:
+        return None
+    reader = _reader(store, word["data"], storage_options)
+    dcp.load(into, storage_reader=reader, planner=_planner())
+    return word["step"], word["data"]

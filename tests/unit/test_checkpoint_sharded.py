@@ -1,0 +1,163 @@
+"""Sharded checkpoints: FSDP (gloo, CPU) saved at 4 ranks, loaded at 2 and 3, kill-safe.
+
+One run of 4 ranks trains a tiny FSDP model two steps and saves after each
+(``sharded=True``), then starts a third save in which rank 0 dies once every rank's shards
+and DCP's metadata are written, before the commit marker. Runs of 3 and 2 ranks then load
+the newest checkpoint into a fresh FSDP model of their own, put it into the model and
+optimizer (``set_state_dict``), and save that again, sharded. The reference is step 2 read
+whole by one process (DCP's ``dcp_to_torch_save``); each re-saved state, read the same way,
+must equal it: parameters and Adam's moments, unchanged through 4 → 3 and 4 → 2 ranks. (A
+fresh model that loaded nothing would save its initial parameters and zero moments.) The
+2-rank run also checks the error of the wrong spelling, and its save at step 3 deletes the
+torn folder.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sparktrain import SparkRunner, checkpoint  # noqa: E402
+from sparktrain.errors import ConfigurationError, WorkerFailedError  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+
+
+def _fsdp() -> tuple[Any, Any]:
+    """A tiny FSDP model and its Adam optimizer, the same on every rank and at every size."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)
+    )
+    model = FSDP(model, device_id=torch.device("cpu"))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _state(model: Any, optim: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optim)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def _train_save_then_die(directory: str) -> None:
+    import torch.distributed as dist
+
+    from sparktrain.checkpoint import _sharded
+
+    model, optim = _fsdp()
+    rank = dist.get_rank()
+    for step in (1, 2):
+        torch.manual_seed(100 * step + rank)  # each rank its own batch
+        loss = model(torch.randn(5, 8)).pow(2).sum()
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        checkpoint.save(
+            {**_state(model, optim), "step": step}, directory, step, keep_last=2, sharded=True
+        )
+
+    def die(*args: Any, **kwargs: Any) -> None:
+        os._exit(3)  # every rank's shards and DCP's .metadata are in; no commit marker yet
+
+    if rank == 0:
+        _sharded._commit_sharded = die
+    checkpoint.save({**_state(model, optim), "step": 3}, directory, 3, sharded=True)
+
+
+def _load(directory: str, again: str, check_spelling: bool) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    model, optim = _fsdp()
+    state = {**_state(model, optim), "step": -1}
+    seen: dict[str, Any] = {}
+    if check_spelling:
+        try:
+            checkpoint.load_latest(directory)
+        except ConfigurationError as exc:
+            seen["whole_spelling"] = str(exc)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", checkpoint.CheckpointWarning)
+        found = checkpoint.load_latest(directory, into=state)
+    assert found is not None
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    seen.update(step=found.step, saved_step=state["step"])
+    seen["warnings"] = [str(w.message) for w in caught]
+    seen["resaved"] = checkpoint.save(
+        {**_state(model, optim), "step": 2}, again, 3, keep_last=2, sharded=True
+    )
+    dist.barrier()
+    seen["names"] = sorted(os.listdir(again))
+    return seen
+
+
+def _whole(folder: str, into: Path) -> Any:
+    """A DCP folder read whole by this one process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(folder, into)
+    return torch.load(into, weights_only=False)
+
+
+def _same(a: Any, b: Any, where: str = "") -> None:
+    """Assert two nested state dicts hold equal tensors and values."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str), where
+        for key in a:
+            _same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}/{i}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def test_sharded_fsdp_saved_at_4_ranks_loads_at_3_and_2_and_survives_a_torn_save(
+    tmp_path: Path,
+) -> None:
+    directory = str(tmp_path / "ckpt")
+    with pytest.raises(WorkerFailedError):
+        SparkRunner(np=-4, progress=False).run(_train_save_then_die, directory)
+    torn = [n for n in os.listdir(directory) if n.startswith("step-000000000003")]
+    assert len(torn) == 1 and torn[0].endswith(".dcp")  # written in full, never committed
+    assert ".metadata" in os.listdir(Path(directory) / torn[0])
+    (step2,) = [
+        n
+        for n in os.listdir(directory)
+        if n.startswith("step-000000000002.") and n.endswith(".dcp")
+    ]
+    expected = _whole(str(Path(directory) / step2), tmp_path / "expected.pt")
+    assert expected["step"] == 2 and expected["optim"]["state"]  # Adam's moments are in
+
+    three = SparkRunner(np=-3, progress=False).run(_load, directory, str(tmp_path / "at3"), False)
+    two = SparkRunner(np=-2, progress=False).run(_load, directory, directory, True)
+    for size, seen in ((3, three), (2, two)):
+        assert (seen["step"], seen["saved_step"]) == (2, 2)
+        assert any(torn[0] in w and "no commit marker" in w for w in seen["warnings"])
+        _same(expected, _whole(seen["resaved"], tmp_path / f"at{size}.pt"))
+    assert "is sharded (saved with sharded=True)" in two["whole_spelling"]
+    assert "load_latest(directory, into=state)" in two["whole_spelling"]
+    # The 2-rank save of step 3 deleted the torn folder and, keep_last=2, step 1.
+    names = two["names"]
+    assert torn[0] not in names
+    assert [n for n in names if n.endswith(".commit.json")] == [
+        "step-000000000002.commit.json",
+        "step-000000000003.commit.json",
+    ]
+    assert len([n for n in names if n.endswith(".dcp")]) == 2
