@@ -15,11 +15,13 @@ any number of ranks (DCP reshards).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparktrain.checkpoint import _commit, _owner, layout
@@ -49,6 +51,15 @@ def _group() -> tuple[int, int]:
             "torch.distributed: call dist.init_process_group(...) on every rank first"
         )
     return 0, 1
+
+
+@contextlib.contextmanager
+def _quiet(world: int) -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process; that is meant here."""
+    with warnings.catch_warnings():
+        if world == 1:
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
 
 
 def _share(word: dict[str, Any], world: int) -> dict[str, Any]:
@@ -162,7 +173,8 @@ def save(
     word = _share(_start(store, step, take_over) if rank == 0 else {}, world)
     _raise(word, f"rank 0 could not start sharded checkpoint {step} of {store.where}")
     data = word["data"]
-    dcp.save(state, storage_writer=_writer(store, data, storage_options))
+    with _quiet(world):
+        dcp.save(state, storage_writer=_writer(store, data, storage_options))
     try:
         files: dict[str, Any] = _own_files(store.sub(data), rank)
     except OSError as exc:
@@ -246,5 +258,6 @@ def load_into(
     if "none" in word:
         return None
     reader = _reader(store, word["data"], storage_options)
-    dcp.load(into, storage_reader=reader, planner=_planner())
+    with _quiet(world):
+        dcp.load(into, storage_reader=reader, planner=_planner())
     return word["step"], word["data"]

@@ -14,7 +14,9 @@ torn folder.
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,6 @@ torch = pytest.importorskip("torch")
 from sparktrain import SparkRunner, checkpoint  # noqa: E402
 from sparktrain.errors import ConfigurationError, WorkerFailedError  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
 
 def _fsdp() -> tuple[Any, Any]:
@@ -161,3 +162,76 @@ def test_sharded_fsdp_saved_at_4_ranks_loads_at_3_and_2_and_survives_a_torn_save
         "step-000000000003.commit.json",
     ]
     assert len([n for n in names if n.endswith(".dcp")]) == 2
+
+
+def _plain(value: float) -> dict[str, Any]:
+    return {"w": torch.full((6,), value), "nested": {"b": torch.full((2,), value)}, "n": value}
+
+
+@pytest.fixture(params=["local", "memory"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "ckpt")
+    pytest.importorskip("fsspec")
+    return f"memory://sharded-{uuid.uuid4().hex}/run1"
+
+
+def test_one_process_saves_and_loads_sharded_in_place_with_keep_last(where: str) -> None:
+    import fsspec
+
+    first = checkpoint.save(_plain(1.0), where, 1, sharded=True)
+    path = checkpoint.save(_plain(2.0), where, 2, sharded=True, keep_last=1)
+    assert (
+        path is not None
+        and path.startswith(f"{where}/step-000000000002.")
+        and path.endswith(".dcp")
+    )
+    fs, root = fsspec.core.url_to_fs(where)
+    names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    assert first is not None and first.rsplit("/", 1)[-1] not in names  # keep_last=1
+    assert {n for n in names if n.startswith("step-")} == {
+        "step-000000000002.commit.json",
+        path.rsplit("/", 1)[-1],
+    }
+    marker = json.loads(fs.cat_file(f"{root}/step-000000000002.commit.json"))
+    assert marker["sharded"] is True and ".metadata" in marker["files"]
+    assert marker["size"] == sum(entry["size"] for entry in marker["files"].values()) > 0
+
+    into = _plain(0.0)
+    found = checkpoint.load_latest(where, into=into)
+    assert found is not None and (found.step, found.path) == (2, path) and found.state is into
+    _same(_plain(2.0), into)
+
+
+def test_a_corrupted_shard_is_skipped_and_the_previous_checkpoint_loads(tmp_path: Path) -> None:
+    where = str(tmp_path / "ckpt")
+    checkpoint.save(_plain(1.0), where, 1, sharded=True)
+    newest = checkpoint.save(_plain(2.0), where, 2, sharded=True)
+    assert newest is not None
+    (shard,) = Path(newest).glob("__0_*.distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+    into = _plain(0.0)
+    with pytest.warns(checkpoint.CheckpointWarning, match=f"{shard} is corrupted"):
+        found = checkpoint.load_latest(where, into=into)
+    assert found is not None and found.step == 1
+    _same(_plain(1.0), into)
+
+
+def test_a_whole_checkpoint_loaded_into_a_state_says_how_to_load_it(tmp_path: Path) -> None:
+    checkpoint.save(_plain(1.0), tmp_path, 1)
+    into = _plain(0.0)
+    with pytest.raises(ConfigurationError) as err:
+        checkpoint.load_latest(tmp_path, into=into)
+    assert "is a whole one (saved without sharded=True)" in str(err.value)
+    assert "load_latest(directory) and no into=" in str(err.value)
+    _same(_plain(0.0), into)  # untouched
+    assert checkpoint.load_latest(tmp_path).step == 1  # the spelling it names works
+
+
+def test_a_sharded_save_refuses_loader_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"sharded=True\) does not take loader= yet"):
+        checkpoint.save(_plain(1.0), tmp_path / "ckpt", 1, sharded=True, loader=[{}])
+    assert not (tmp_path / "ckpt").exists()
