@@ -25,6 +25,7 @@ if not hasattr(os, "fork"):
     pytest.skip("the crash test forks", allow_module_level=True)
 
 TRIALS = 200
+SHARDED_TRIALS = 30  # sharded saves (save(..., sharded=True)) in one process: a DCP folder
 
 HELPER = textwrap.dedent(
     """
@@ -36,6 +37,7 @@ HELPER = textwrap.dedent(
     from sparktrain import checkpoint
 
     directory, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    sharded = sys.argv[4] == "sharded"  # written through torch.distributed.checkpoint
     os.environ[checkpoint.RUN_ID_ENV] = "crash-test"  # every child is a restart of one run
     rng = random.Random(seed)
 
@@ -45,7 +47,7 @@ HELPER = textwrap.dedent(
     def saver(fd, first):
         step = first
         while True:
-            checkpoint.save(state(step), directory, step, keep_last=2)
+            checkpoint.save(state(step), directory, step, keep_last=2, sharded=sharded)
             os.write(fd, b"%d\\n" % step)
             step += 1
 
@@ -53,11 +55,12 @@ HELPER = textwrap.dedent(
         names = os.listdir(directory) if os.path.isdir(directory) else []
         committed = {n.split(".")[0] for n in names if n.endswith(".commit.json")}
         return [n for n in names if n.endswith(".partial")
-                or (n.endswith(".pt") and n.split(".")[0] not in committed)]
+                or (n.endswith((".pt", ".dcp")) and n.split(".")[0] not in committed)]
 
+    checkpoint.save(state(0), directory + "-warm", 0, sharded=sharded)  # imports, first use
     started = time.perf_counter()
     for i in range(5):
-        checkpoint.save(state(i), directory + "-calibrate", i, keep_last=1)
+        checkpoint.save(state(i), directory + "-calibrate", i, keep_last=1, sharded=sharded)
     per_save = (time.perf_counter() - started) / 5
     # Kill instants over about 8 saves: a window shorter than one save (a busy machine's
     # saves of 100 ms against a cap of 0.1 s) leaves the kills after a save too rare.
@@ -87,7 +90,8 @@ HELPER = textwrap.dedent(
         interrupted = bool(set(leftovers()) - left_before)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ckpt = checkpoint.load_latest(directory)
+            into = state(-1) if sharded else None
+            ckpt = checkpoint.load_latest(directory, into=into)
         got = None if ckpt is None else ckpt.step
         intact = ckpt is not None and ckpt.state["step"] == got and bool(
             torch.equal(ckpt.state["w"], state(got)["w"]))
@@ -104,13 +108,16 @@ HELPER = textwrap.dedent(
 )
 
 
-def test_sigkill_at_random_instants_never_loses_the_newest_commit(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kind", "trials"), [("whole", TRIALS), ("sharded", SHARDED_TRIALS)])
+def test_sigkill_at_random_instants_never_loses_the_newest_commit(
+    tmp_path: Path, kind: str, trials: int
+) -> None:
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("RANK", None)
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", HELPER, str(tmp_path / "ckpt"), str(TRIALS), "20240611"],
+        [sys.executable, "-c", HELPER, str(tmp_path / "ckpt"), str(trials), "20240611", kind],
         capture_output=True,
         text=True,
         timeout=240,
@@ -121,7 +128,7 @@ def test_sigkill_at_random_instants_never_loses_the_newest_commit(tmp_path: Path
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     results = report["results"]
-    assert len(results) == TRIALS
+    assert len(results) == trials
 
     for r in results:
         assert r["killed"], r
@@ -138,10 +145,10 @@ def test_sigkill_at_random_instants_never_loses_the_newest_commit(tmp_path: Path
     with_commits = sum(r["saves"] > 0 for r in results)
     unreported = sum(r["got"] == r["reported"] + 1 for r in results)
     print(
-        f"\n{TRIALS} trials in {elapsed:.1f} s (one save ~{report['per_save'] * 1000:.1f} ms): "
+        f"\n{trials} trials in {elapsed:.1f} s (one save ~{report['per_save'] * 1000:.1f} ms): "
         f"{mid_save} killed mid-save, {with_commits} after at least one save returned, "
         f"{unreported} between a commit and its report; newest step {results[-1]['got']}"
     )
-    assert mid_save >= TRIALS // 20
-    assert with_commits >= TRIALS // 20
-    assert results[-1]["got"] is not None and results[-1]["got"] >= TRIALS // 20
+    assert mid_save >= trials // 20
+    assert with_commits >= trials // 20
+    assert results[-1]["got"] is not None and results[-1]["got"] >= trials // 20
