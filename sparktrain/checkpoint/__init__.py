@@ -5,6 +5,9 @@ One directory holds one run's checkpoints (the names are :mod:`sparktrain.checkp
     sparktrain-owner.json             which run writes here (run id, host, pid, since)
     step-000000000120.<token>.pt      torch.save bytes; a fresh name per save, never rewritten
     step-000000000120.commit.json     commit marker: data name, size, sha256; written last
+    step-000000000130.<token>.dcp/    a sharded save's data (``save(..., sharded=True)``): every
+                                      rank's files, written through torch.distributed.checkpoint;
+                                      its marker lists each file's size and sha256
 
 A checkpoint exists only once its commit marker does, and the marker is written only after
 its data is complete: fsynced and renamed into place on a local disk; on an object store the

@@ -5,7 +5,9 @@ checkpoints in a loop (``keep_last=2``) and reports each step that ``save`` retu
 through a pipe. The helper SIGKILLs the child after a random delay and calls
 ``load_latest``: it must return a checkpoint whose content matches its step, and that step
 must be the newest one reported, or the one after it (committed, then killed before the
-report). A committed marker must never point at missing, truncated or corrupted data.
+report). A committed marker must never point at missing, truncated or corrupted data. The
+same runs for sharded saves (``sharded=True``, one process, so a DCP folder per save), loaded
+with ``load_latest(directory, into=state)``.
 """
 
 from __future__ import annotations

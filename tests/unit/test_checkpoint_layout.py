@@ -10,6 +10,10 @@ import pytest
 
 from sparktrain.checkpoint import layout
 
+_DCP = "step-000000000004.aa.dcp"
+_ENTRY = {"size": 1, "sha256": "cd"}
+_FILES = {".metadata": _ENTRY, "__0_0.distcp": _ENTRY}
+
 
 def marker(step: int, data: str, **extra: object) -> bytes:
     return json.dumps({"step": step, "data": data, "size": 3, "sha256": "ab", **extra}).encode()
@@ -48,6 +52,14 @@ def test_committed_is_newest_first() -> None:
         (marker(4, "../elsewhere.pt"), layout.MalformedMarker),
         (marker(4, layout.data_name(4, "aa"), size="3"), layout.MalformedMarker),
         (b"[]", layout.MalformedMarker),
+        # sharded: the flag, the folder's name and a list of plain file names go together
+        (marker(4, layout.data_name(4, "aa", sharded=True)), layout.MalformedMarker),
+        (marker(4, layout.data_name(4, "aa"), sharded=True, files=_FILES), layout.MalformedMarker),
+        (marker(4, _DCP, sharded=True, files={}), layout.MalformedMarker),
+        (marker(4, _DCP, sharded=True, files={"../x": _ENTRY}), layout.MalformedMarker),
+        (marker(4, _DCP, sharded=True, files={"a/b": _ENTRY}), layout.MalformedMarker),
+        (marker(4, _DCP, sharded=True, files={"..": _ENTRY}), layout.MalformedMarker),
+        (marker(4, _DCP, sharded=True, files={"x": {"size": "1"}}), layout.MalformedMarker),
     ],
 )
 def test_parse_marker_rejects(raw: bytes, error: type[Exception]) -> None:
@@ -58,6 +70,14 @@ def test_parse_marker_rejects(raw: bytes, error: type[Exception]) -> None:
 def test_parse_marker() -> None:
     data = layout.data_name(4, "aa")
     assert layout.parse_marker(marker(4, data), 4) == layout.Marker(4, data, 3, "ab")
+    assert not layout.is_sharded(data)
+
+
+def test_parse_sharded_marker() -> None:
+    assert layout.data_name(4, "aa", sharded=True) == _DCP and layout.is_sharded(_DCP)
+    assert layout.data_step(_DCP) == 4 and layout.written_step(_DCP) == 4
+    parsed = layout.parse_marker(marker(4, _DCP, sharded=True, files=_FILES), 4)
+    assert parsed.files == {".metadata": (1, "cd"), "__0_0.distcp": (1, "cd")}
 
 
 def test_newest_committed_skips_unusable_markers() -> None:
