@@ -144,14 +144,19 @@ def _own_files(folder: _Store, rank: int) -> dict[str, dict[str, Any]]:
     return files
 
 
-def _start(store: _Store, step: int, take_over: bool) -> dict[str, Any]:
-    """Rank 0: claim the directory and name the new checkpoint's folder."""
+def _start(store: _Store, step: int, take_over: bool, world: int) -> dict[str, Any]:
+    """Rank 0: claim the directory and name the new checkpoint's folder; tell every rank.
+
+    Raises:
+        Exception: what rank 0 met (the other ranks are told first).
+    """
     try:
         store.makedirs()
         _owner.claim(store, _owner.this_process(), take_over)
     except Exception as exc:
-        return {"error": str(exc), "kind": type(exc).__name__}
-    return {"data": layout.data_name(step, uuid.uuid4().hex[:16], sharded=True)}
+        _share({"error": str(exc), "kind": type(exc).__name__}, world)
+        raise
+    return _share({"data": layout.data_name(step, uuid.uuid4().hex[:16], sharded=True)}, world)
 
 
 def save(
@@ -170,7 +175,7 @@ def save(
     import torch.distributed.checkpoint as dcp
 
     rank, world = _group()
-    word = _share(_start(store, step, take_over) if rank == 0 else {}, world)
+    word = _start(store, step, take_over, world) if rank == 0 else _share({}, world)
     _raise(word, f"rank 0 could not start sharded checkpoint {step} of {store.where}")
     data = word["data"]
     with _quiet(world):

@@ -29,7 +29,6 @@ from sparktrain import SparkRunner, checkpoint  # noqa: E402
 from sparktrain.errors import ConfigurationError, WorkerFailedError  # noqa: E402
 
 
-
 def _fsdp() -> tuple[Any, Any]:
     """A tiny FSDP model and its Adam optimizer, the same on every rank and at every size."""
     import torch.distributed as dist
@@ -235,3 +234,14 @@ def test_a_sharded_save_refuses_loader_before_writing(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"sharded=True\) does not take loader= yet"):
         checkpoint.save(_plain(1.0), tmp_path / "ckpt", 1, sharded=True, loader=[{}])
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_sharded_save_into_another_live_runs_directory_is_refused_unwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint.save(_plain(1.0), tmp_path, 1, sharded=True)
+    before = sorted(os.listdir(tmp_path))
+    monkeypatch.setenv(checkpoint.RUN_ID_ENV, "another-run")
+    with pytest.raises(checkpoint.CheckpointOwnershipError, match="another-run"):
+        checkpoint.save(_plain(2.0), tmp_path, 2, sharded=True)
+    assert sorted(os.listdir(tmp_path)) == before  # no folder of step 2
