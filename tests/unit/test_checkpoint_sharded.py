@@ -204,6 +204,7 @@ def test_one_process_saves_and_loads_sharded_in_place_with_keep_last(where: str)
 
 def test_a_corrupted_shard_is_skipped_and_the_previous_checkpoint_loads(tmp_path: Path) -> None:
     where = str(tmp_path / "ckpt")
+    assert checkpoint.load_latest(where, into=_plain(0.0)) is None  # nothing saved yet
     checkpoint.save(_plain(1.0), where, 1, sharded=True)
     newest = checkpoint.save(_plain(2.0), where, 2, sharded=True)
     assert newest is not None
