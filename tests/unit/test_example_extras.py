@@ -24,6 +24,10 @@ CASES = [
     ("ddp_trainer", ["--np", "2"], "pyspark", "pyspark", "spark"),
 ]
 
+# What else each example checks for besides the case's module, where that may be missing too
+# (pyspark is installed wherever this suite runs).
+OTHERS = {"hf_trainer": ("accelerate", "sklearn"), "lightning_digits": ("sklearn",)}
+
 
 @pytest.fixture
 def no_spark(monkeypatch):
@@ -41,6 +45,10 @@ def test_a_missing_module_stops_the_example_before_spark_with_the_pip_command(
     name, argv, module, package, extra, monkeypatch, capsys, no_spark, tmp_path
 ):
     example = importlib.import_module(f"sparktrain.examples.{name}")
+    # The example's other modules must be there for the message to name this one alone (an
+    # environment without the frameworks extra lacks accelerate beside transformers).
+    for other in OTHERS.get(name, ()):
+        pytest.importorskip(other)
     monkeypatch.chdir(tmp_path)
     # As when it is not installed: `import sklearn` fails, and find_spec finds nothing.
     monkeypatch.setitem(sys.modules, module, None)
