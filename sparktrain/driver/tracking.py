@@ -157,11 +157,19 @@ class MlflowTracker:
                 source = path
             else:
                 for name in newest:
-                    self.client.log_artifact(self.run_id, os.path.join(path, name), ARTIFACT_PATH)
+                    self._log_entry(os.path.join(path, name))
                 source = os.path.join(path, newest[1])
         else:
             raise FileNotFoundError(f"the checkpoint path {where!r} does not exist")
         self.client.set_tag(self.run_id, CHECKPOINT_TAG, source)
+
+    def _log_entry(self, path: str) -> None:
+        """A checkpoint's file, or its folder (a sharded checkpoint's) under its own name."""
+        if os.path.isdir(path):
+            name = os.path.basename(path.rstrip("/"))
+            self.client.log_artifacts(self.run_id, path, f"{ARTIFACT_PATH}/{name}")
+        else:
+            self.client.log_artifact(self.run_id, path, ARTIFACT_PATH)
 
     def _log_remote(self, url: str) -> None:
         import fsspec
@@ -183,9 +191,12 @@ class MlflowTracker:
         tmp = tempfile.mkdtemp(prefix="ckpt-", dir=private_dir.usable_root())
         try:
             for name in names:
-                fs.get_file(f"{root}/{name}", os.path.join(tmp, name))
+                if fs.isdir(f"{root}/{name}"):  # a sharded checkpoint: a folder of shards
+                    fs.get(f"{root}/{name}/", os.path.join(tmp, name) + "/", recursive=True)
+                else:
+                    fs.get_file(f"{root}/{name}", os.path.join(tmp, name))
             for name in names:
-                self.client.log_artifact(self.run_id, os.path.join(tmp, name), ARTIFACT_PATH)
+                self._log_entry(os.path.join(tmp, name))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.client.set_tag(self.run_id, CHECKPOINT_TAG, source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 
 import pytest
 
@@ -139,3 +140,21 @@ def test_missing_checkpoint_path_is_a_warning_not_an_error(mlflow, tmp_path):
         with pytest.warns(RuntimeWarning, match="does not exist"):
             tracker.finish(str(tmp_path / "nowhere"))
     assert history(mlflow, run.info.run_id, "loss") == [(0, 1.0)]  # metrics still went out
+
+
+@pytest.mark.parametrize("scheme", ["local", "memory"])
+def test_a_sharded_checkpoint_is_logged_as_its_folder_of_shards(mlflow, tmp_path, scheme):
+    torch = pytest.importorskip("torch")
+    from sparktrain import checkpoint
+
+    where = str(tmp_path / "ckpt") if scheme == "local" else f"memory://tracked-{uuid.uuid4().hex}"
+    checkpoint.save({"w": torch.ones(3)}, where, 1, sharded=True)
+    newest = checkpoint.save({"w": torch.zeros(3)}, where, 2, sharded=True)
+    assert newest is not None
+    folder = newest.rstrip("/").rsplit("/", 1)[-1]
+    with mlflow.start_run() as run:
+        MlflowTracker.maybe_create().finish(where)
+    logged = artifacts(mlflow, run.info.run_id)
+    assert logged == sorted([f"checkpoint/{folder}", "checkpoint/step-000000000002.commit.json"])
+    shards = artifacts(mlflow, run.info.run_id, f"checkpoint/{folder}")
+    assert f"checkpoint/{folder}/.metadata" in shards and len(shards) >= 2
