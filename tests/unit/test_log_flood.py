@@ -17,16 +17,21 @@ from sparktrain.task.logs import LogForwarder
 FLOOD_SECONDS = 1.5
 
 
-def _flood_and_talk() -> int:
+def _flood_and_talk(at_least: int, quiet_done: str) -> int:
+    """Rank 1 floods until it printed ``at_least`` lines and rank 0 said all it had to say
+    (a count, not a time: on a busy machine a flood of a fixed time can stay under the burst
+    allowance, and then nothing is held back); rank 0 says 15 lines over the flood."""
     import os
     import sys
     import time
 
     rank = int(os.environ["RANK"])
-    end = time.monotonic() + FLOOD_SECONDS
     if rank == 1:
         n = 0
-        while time.monotonic() < end:
+        deadline = time.monotonic() + 120
+        while n < at_least or not os.path.exists(quiet_done):
+            if time.monotonic() > deadline:
+                raise RuntimeError("rank 0 did not finish its quiet lines in 120 s")
             for _ in range(1000):
                 print(f"flood {n}")
                 n += 1
@@ -36,6 +41,7 @@ def _flood_and_talk() -> int:
         print(f"quiet {i}")
         sys.stdout.flush()
         time.sleep(FLOOD_SECONDS / 15)
+    open(quiet_done, "w").close()
     return -1
 
 
@@ -43,7 +49,7 @@ def test_a_flooding_rank_does_not_drown_the_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = SparkRunner(np=-2, log_dir=str(tmp_path))
-    runner.run(_flood_and_talk)
+    runner.run(_flood_and_talk, 3 * logs.BURST, str(tmp_path / "quiet-done"))
     out = capsys.readouterr().out
     # Every line of the quiet rank reached the driver.
     for i in range(15):
