@@ -46,10 +46,10 @@ HELPER = textwrap.dedent(
     def state(step):
         return {"step": step, "w": torch.full((64 * 1024,), float(step))}  # 256 KiB
 
-    def saver(fd, first):
+    def saver(fd, first, where=directory):
         step = first
         while True:
-            checkpoint.save(state(step), directory, step, keep_last=2, sharded=sharded)
+            checkpoint.save(state(step), where, step, keep_last=2, sharded=sharded)
             os.write(fd, b"%d\\n" % step)
             step += 1
 
@@ -64,9 +64,32 @@ HELPER = textwrap.dedent(
     for i in range(5):
         checkpoint.save(state(i), directory + "-calibrate", i, keep_last=1, sharded=sharded)
     per_save = (time.perf_counter() - started) / 5
-    # Kill instants over about 8 saves: a window shorter than one save (a busy machine's
-    # saves of 100 ms against a cap of 0.1 s) leaves the kills after a save too rare.
-    longest = min(max(8 * per_save, 0.01), 0.5)
+
+    def first_save_after_fork():
+        # A killed child is a fresh fork: its first save takes longer than the warm ones
+        # above (copy-on-write, a busy machine), and the window must cover it.
+        read_fd, write_fd = os.pipe()
+        begun = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            try:
+                saver(write_fd, 0, directory + "-calibrate-fork")
+            finally:
+                os._exit(1)
+        os.close(write_fd)
+        os.read(read_fd, 64)  # the first step reported
+        took = time.perf_counter() - begun
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_fd)
+        return took
+
+    first_save = max(first_save_after_fork() for _ in range(3))
+    # Kill instants over the first save of a fork and about 8 saves after it: a window
+    # shorter than one save (a busy machine's saves of 100 ms against a cap of 0.1 s), or
+    # than a fork's first save, leaves the kills after a save too rare.
+    longest = min(max(first_save + 8 * per_save, 0.01), 0.5)
 
     reported = -1  # newest step known to be committed
     results = []
