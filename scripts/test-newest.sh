@@ -26,9 +26,9 @@ install() {
         "${PYTHON:-python3}" -m venv "$VENV"
     fi
     grep '^torch==' sparktrain/constraints.txt > "$VENV/torch-only.txt"
-    "$PY" -m pip install -q --no-compile -c "$VENV/torch-only.txt" torch setuptools wheel
+    "$PY" -m pip install -q -c "$VENV/torch-only.txt" torch setuptools wheel
     # eager: a reused environment moves to releases made since it was created
-    "$PY" -m pip install -q --no-compile --upgrade --upgrade-strategy eager \
+    "$PY" -m pip install -q --upgrade --upgrade-strategy eager \
         -c "$VENV/torch-only.txt" -r requirements/test.txt \
         -e ".[spark,connect,data,examples,tracking,docs]"
     "$PY" -m pip check

@@ -21,8 +21,8 @@ install() {
         "${PYTHON:-python3}" -m venv "$VENV"
     fi
     sed "s/^pyspark==.*/pyspark==$PYSPARK35/" constraints.txt > "$VENV/constraints.txt"
-    "$PY" -m pip install -q --no-compile -c "$VENV/constraints.txt" torch setuptools wheel
-    "$PY" -m pip install -q --no-compile -c "$VENV/constraints.txt" -r requirements/test.txt \
+    "$PY" -m pip install -q -c "$VENV/constraints.txt" torch setuptools wheel
+    "$PY" -m pip install -q -c "$VENV/constraints.txt" -r requirements/test.txt \
         -e ".[spark,connect,data,examples,tracking,docs]"
 }
 case "${1:-}" in

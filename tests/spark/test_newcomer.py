@@ -84,9 +84,7 @@ def installed(tmp_path_factory) -> Path:
     # As the README's Install says: the package alone, its pins, then torch and the rest with
     # them (torch from pip's configuration here, the CPU build, where the README names
     # PyTorch's CPU index).
-    # --no-compile: byte-compiling every installed file (all of torch and pyspark) took longer
-    # than the install; what the blocks import is compiled when they first import it.
-    pip = [str(python), "-m", "pip", "install", "-q", "--no-compile"]
+    pip = [str(python), "-m", "pip", "install", "-q"]
     _run([*pip, "--no-deps", str(wheel), "cloudpickle"], timeout=600)
     printed = _run([str(venv / "bin" / "sparktrain"), "constraints"], cwd=work).stdout
     assert printed == (ROOT / "constraints.txt").read_text()  # the versions the suite runs with
