@@ -36,6 +36,10 @@ SPARK_FILES_ENV = "_SPARKTRAIN_SPARK_FILES"
 # and moves and the task reads for the driver's hang watch (unset: nothing is counted).
 COLLECTIVES_ENV = "_SPARKTRAIN_COLLECTIVES"
 COLLECTIVE_SLOT_BYTES = 16
+# Most seconds between two reads of the counters by the task (and between two looks of the
+# driver's hang watch at them once they have been still: a look more often than the counts
+# can arrive would see nothing new); a quarter of stall_timeout when that is shorter.
+COLLECTIVES_EVERY_S = 10.0
 # Largest pickled result rank 0 may write, in bytes.
 MAX_RESULT_ENV = "_SPARKTRAIN_MAX_RESULT"
 # The index, within CUDA_VISIBLE_DEVICES, of the rank's own GPU.
@@ -167,6 +171,11 @@ def error_file_name(rank: int) -> str:
 def times_file_name(rank: int) -> str:
     """The file a rank writes its timestamps to (see TIMES_ENV)."""
     return f"times-{rank}.json"
+
+
+def collectives_interval(stall_timeout: float) -> float:
+    """Seconds between two reads of the collective counters, for ``stall_timeout``."""
+    return min(COLLECTIVES_EVERY_S, stall_timeout / 4)
 
 
 def collectives_file_name(rank: int) -> str:

@@ -21,12 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping
 
+from sparktrain import contract
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.errors import RunHungError
 from sparktrain.units import format_duration
-
-# Most seconds between two looks once the counts have been still for stall_timeout.
-RECHECK = 10.0
 
 Counts = tuple[int, int]
 
@@ -63,7 +61,12 @@ class HangWatch:
 
     def __init__(self, config: RunConfig) -> None:
         self.timeout = config.stall_timeout
-        self.recheck = min(RECHECK, self.timeout / 4) if self.timeout else RECHECK
+        # As often as the tasks read the counts (once they have been still that long).
+        self.recheck = (
+            contract.collectives_interval(self.timeout)
+            if self.timeout
+            else contract.COLLECTIVES_EVERY_S
+        )
         self.counts: dict[int, Counts] = {}
         # The ranks inside a collective now, kept as counts arrive (the monitor asks after
         # every message whether any is: a question that must not cost a pass over the ranks).

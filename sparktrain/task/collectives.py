@@ -21,15 +21,13 @@ from sparktrain import contract, private_dir
 from sparktrain.config import RunConfig
 from sparktrain.wire import protocol
 
-# Most seconds between two looks at the counts (a quarter of stall_timeout when shorter).
-INTERVAL = 10.0
 _SLOT = struct.Struct("=QQ")
 
 
 def interval_for(config: RunConfig) -> float | None:
     """How often the counts are read for ``config``; None when the watch is off."""
     stall = config.stall_timeout
-    return min(INTERVAL, stall / 4) if stall else None
+    return contract.collectives_interval(stall) if stall else None
 
 
 class CollectiveSlots:
