@@ -165,7 +165,9 @@ def save(
             checkpoint is a folder that counts once every rank's files and DCP's metadata
             are in and rank 0 has written the commit marker, which records each file's
             size and SHA-256. Load it with ``load_latest(directory, into=state)``, at this
-            or another number of ranks. Not yet with ``loader=``.
+            or another number of ranks. With ``loader=``, the joined loader state is saved
+            beside the shards (``loader.json``, in the marker with its SHA-256), and
+            ``load_latest`` puts it in ``into["loader"]``.
 
     Returns:
         The path or URL of the checkpoint's data file on rank 0; None on other ranks.
@@ -187,18 +189,14 @@ def save(
     where = _directory(directory)
     _check_save_args(step, keep_last)
     if loader is not None:
-        if sharded:
-            raise ConfigurationError(
-                "save(..., sharded=True) does not take loader= yet; save the loader's "
-                "state_dict() in a whole checkpoint beside it, or save without sharded=True"
-            )
         _loader.check_state(state)
     store = _Store(where, storage_options)
     check_shared(where, store.root if store.fs is None else None, shared)
+    merged = None if loader is None else _loader.gathered(_loader.own_state(loader), where, step)
     if sharded:
-        return _sharded.save(state, store, step, keep_last, take_over, dict(storage_options or {}))
+        options = dict(storage_options or {})
+        return _sharded.save(state, store, step, keep_last, take_over, options, merged)
     if loader is not None:
-        merged = _loader.gathered(_loader.own_state(loader), where, step)
         state = {**state, _loader.KEY: merged}
     if context.rank() != 0:
         _commit.wait(where, step)
@@ -274,7 +272,9 @@ def load_latest(
             place, through ``torch.distributed.checkpoint``: every rank calls it with its
             own state of the same shape as the saved one (e.g. ``get_state_dict(model,
             optimizer)`` of an FSDP model), at any number of ranks; rank 0 picks the
-            checkpoint. Then put it back, e.g. with ``set_state_dict``.
+            checkpoint. Then put it back, e.g. with ``set_state_dict``. A checkpoint saved
+            with ``loader=`` also sets ``into["loader"]``, the loader's state (into must be
+            a dict), for ``load_state_dict`` at any number of ranks.
 
     Returns:
         ``Checkpoint(step, state, path)``, or None when no usable checkpoint exists; with

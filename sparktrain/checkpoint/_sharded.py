@@ -2,7 +2,9 @@
 
 A sharded save's data is a folder, ``step-<step>.<token>.dcp/``, that DCP fills: each rank's
 ``__<rank>_<n>.distcp`` files and the ``.metadata`` that rank 0 writes once all are in. The
-folder has a fresh name per save, like a whole checkpoint's data file, and it counts only once
+folder has a fresh name per save, like a whole checkpoint's data file. With ``loader=``, rank 0
+also writes the loader's state, the states of all ranks joined (:mod:`._loader`), as
+``loader.json`` into the folder once DCP is done. The folder counts only once
 rank 0 has written its commit marker, which lists every file in it with its size and SHA-256
 (each rank hashes its own files, so no rank reads the others' shards). A kill at any instant
 before the marker leaves an unreferenced folder, which ``load_latest`` ignores and the next
@@ -10,7 +12,9 @@ save deletes; the previous checkpoint stays loadable.
 
 Loading goes the same way back: rank 0 picks the newest intact checkpoint (as ``load_latest``
 does for whole ones), tells every rank, and DCP loads it into the state each rank holds, at
-any number of ranks (DCP reshards).
+any number of ranks (DCP reshards). Rank 0 reads the ``loader.json`` of the checkpoint it
+picked (checked against the marker like every file) and sends it with its word, and every rank
+puts it under the state's ``"loader"`` key, where a whole checkpoint has it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from sparktrain.worker import context
 
 _CHUNK = 1 << 20
 METADATA = ".metadata"
+LOADER = "loader.json"  # the loader's joined state, rank 0's, beside DCP's files
 
 
 def _group() -> tuple[int, int]:
@@ -135,7 +140,7 @@ def _own_files(folder: _Store, rank: int) -> dict[str, dict[str, Any]]:
     mine = f"__{rank}_"
     files: dict[str, dict[str, Any]] = {}
     for name in sorted(folder.names()):
-        if name.startswith(mine) or (rank == 0 and name == METADATA):
+        if name.startswith(mine) or (rank == 0 and name in (METADATA, LOADER)):
             sha256 = hashlib.sha256()
             with folder.open(name) as f:
                 while chunk := f.read(_CHUNK):
@@ -166,8 +171,12 @@ def save(
     keep_last: int | None,
     take_over: bool,
     storage_options: dict[str, Any],
+    loader: dict[str, Any] | None = None,
 ) -> str | None:
     """Every rank: write this rank's shards of ``state``; rank 0 commits once all are in.
+
+    ``loader`` is the loader's joined state on rank 0 (None elsewhere, or without one), written
+    as ``loader.json`` beside DCP's files.
 
     Returns:
         The checkpoint folder's path or URL on rank 0; None on the other ranks.
@@ -181,9 +190,12 @@ def save(
     with _quiet(world):
         dcp.save(state, storage_writer=_writer(store, data, storage_options))
     try:
+        if loader is not None:
+            text = json.dumps(loader).encode()
+            store.sub(data).write(LOADER, lambda f: f.write(text))
         files: dict[str, Any] = _own_files(store.sub(data), rank)
     except OSError as exc:
-        files = {"error": f"rank {rank} could not read back its shards: {exc}"}
+        files = {"error": f"rank {rank} could not write or read back its files: {exc}"}
     everyone = [files]
     if world > 1:
         import torch.distributed as dist
@@ -253,7 +265,7 @@ def load_into(
     if rank == 0:
         try:
             found = pick()
-            word = {"none": True} if found is None else {"step": found[0], "data": found[1]}
+            word = {"none": True} if found is None else _word(store, *found)
         except (ConfigurationError, CheckpointError) as exc:
             word = {"error": str(exc), "kind": type(exc).__name__}
             _share(word, world)
@@ -263,6 +275,35 @@ def load_into(
     if "none" in word:
         return None
     reader = _reader(store, word["data"], storage_options)
+    if "loader" in word and not isinstance(into, dict):
+        raise ConfigurationError(
+            f"sharded checkpoint {word['step']} of {store.where} holds the loader's state, "
+            f"which load_latest puts under into[{'loader'!r}]: pass a dict as into="
+        )
+    # DCP loads every key of its state; the loader's is not among DCP's, so it is left out
+    # (a dict of the same entries, into which DCP also puts the values it replaces).
+    state = {k: v for k, v in into.items() if k != "loader"} if "loader" in word else into
     with _quiet(world):
-        dcp.load(into, storage_reader=reader, planner=_planner())
+        dcp.load(state, storage_reader=reader, planner=_planner())
+    if "loader" in word:
+        into.update(state)
+        into["loader"] = word["loader"]
     return word["step"], word["data"]
+
+
+def _word(store: _Store, step: int, data: str) -> dict[str, Any]:
+    """Rank 0's word on the checkpoint it picked: its step, folder and loader's state, if any.
+
+    Raises:
+        CheckpointError: its ``loader.json`` (intact: checked against the marker) is not JSON.
+    """
+    word: dict[str, Any] = {"step": step, "data": data}
+    folder = store.sub(data)
+    if LOADER in folder.names():
+        try:
+            word["loader"] = json.loads(folder.read(LOADER))
+        except ValueError as exc:
+            raise CheckpointError(
+                f"sharded checkpoint {step}: {store.url(data)}/{LOADER} is not JSON ({exc})"
+            ) from exc
+    return word

@@ -231,9 +231,50 @@ def test_a_whole_checkpoint_loaded_into_a_state_says_how_to_load_it(tmp_path: Pa
     assert checkpoint.load_latest(tmp_path).step == 1  # the spelling it names works
 
 
-def test_a_sharded_save_refuses_loader_before_writing(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match=r"sharded=True\) does not take loader= yet"):
-        checkpoint.save(_plain(1.0), tmp_path / "ckpt", 1, sharded=True, loader=[{}])
+def test_a_sharded_save_keeps_the_loaders_place_and_loads_it_at_another_size(
+    tmp_path: Path,
+) -> None:
+    from sparktrain.data import ResumableDistributedSampler
+
+    # One process stands for two ranks here: it passes their states itself.
+    old = [ResumableDistributedSampler(30, num_replicas=2, rank=r, seed=3) for r in range(2)]
+    heads = []
+    for sampler in old:
+        order = iter(sampler)
+        heads.extend(next(order) for _ in range(3))  # 24 rows left: 8 for each of 3
+    where = tmp_path / "ckpt"
+    checkpoint.save(_plain(1.0), where, 1, sharded=True)
+    path = checkpoint.save(
+        _plain(2.0), where, 2, sharded=True, loader=[s.state_dict() for s in old]
+    )
+    marker = json.loads((where / "step-000000000002.commit.json").read_text())
+    assert path is not None and "loader.json" in marker["files"]
+
+    into = _plain(0.0)
+    found = checkpoint.load_latest(where, into=into)
+    assert found is not None and found.step == 2 and found.state is into
+    _same(_plain(2.0), {k: v for k, v in into.items() if k != "loader"})
+    rest: list[int] = []
+    for rank in range(3):
+        sampler = ResumableDistributedSampler(30, num_replicas=3, rank=rank, seed=3)
+        sampler.load_state_dict(into["loader"])
+        rest.extend(sampler)
+    assert sorted(heads + rest) == list(range(30))  # every row once, at 3 ranks
+
+    text = (Path(path) / "loader.json").read_text()
+    (Path(path) / "loader.json").write_text(text.replace("3", "4", 1))  # same size, altered
+    older = _plain(0.0)
+    with pytest.warns(checkpoint.CheckpointWarning, match="loader.json is corrupted"):
+        found = checkpoint.load_latest(where, into=older)
+    assert found is not None and found.step == 1 and "loader" not in older  # saved without one
+    _same(_plain(1.0), older)
+
+
+def test_a_sharded_save_with_a_loader_refuses_a_state_with_a_loader_entry(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"already has a 'loader' entry"):
+        checkpoint.save({"loader": 1}, tmp_path / "ckpt", 1, sharded=True, loader=[{}])
     assert not (tmp_path / "ckpt").exists()
 
 
