@@ -17,14 +17,7 @@ import time
 from typing import Any
 
 from sparktrain import private_dir
-from sparktrain.examples._common import (
-    make_parser,
-    parse,
-    print_table,
-    require,
-    spark_session,
-    where,
-)
+from sparktrain.examples import _common
 
 PIXELS = [f"p{i}" for i in range(64)]
 TEST_ROWS = 360
@@ -54,7 +47,7 @@ def digits_frames(spark: Any) -> tuple[Any, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Fit, score, save, load and score again; returns the accuracies and the history."""
-    parser = make_parser(
+    parser = _common.make_parser(
         "digits_pipeline",
         "A Spark ML Pipeline (VectorAssembler + TorchEstimator) on the bundled digits.",
         np=2,
@@ -65,15 +58,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         checkpoints=False,
     )
     parser.add_argument("--out-dir", default=None, help="where the fitted pipeline is saved")
-    args = parse(parser, argv)
-    require(args, "sklearn", "pyspark")  # the data are Spark DataFrames, whatever --np says
+    args = _common.parse(parser, argv)
+    _common.require(args, "sklearn", "pyspark")  # the data are Spark DataFrames, whatever --np says
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import VectorAssembler
 
     from sparktrain.ml import TorchEstimator
 
-    spark, created = spark_session(args.master)
-    print(f"Ranks: {where(args.np)}", flush=True)
+    spark, created = _common.spark_session(args.master)
+    print(f"Ranks: {_common.where(args.np)}", flush=True)
     try:
         train, test = digits_frames(spark)
         pipeline = Pipeline(
@@ -94,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fit_seconds = time.monotonic() - began
         model: Any = fitted.stages[-1]
         history = model.history
-        print_table(
+        _common.print_table(
             history,
             [
                 ("epoch", "epoch", "d"),

@@ -36,6 +36,10 @@ def no_spark(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("Spark was started before the check")
 
+    # Every example is imported before the patch: one first imported under it would keep
+    # ``refuse`` for the rest of the process if it bound the name at import.
+    for name in {case[0] for case in CASES}:
+        importlib.import_module(f"sparktrain.examples.{name}")
     monkeypatch.setattr(_common, "spark_session", refuse)
     monkeypatch.setattr(_common, "spark_for", refuse)
 
