@@ -15,12 +15,19 @@ from typing import Any
 import psutil
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> None:
-    """Wait until ``condition()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+def wait_for(
+    condition: Callable[[], object],
+    timeout: float = 30.0,
+    what: str = "",
+    explain: Callable[[], str] | None = None,
+) -> None:
+    """Wait until ``condition()`` is true; fail naming ``what`` after ``timeout`` seconds,
+    with what ``explain()`` says of the state then (where given)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what or condition} did not happen within {timeout}s")
+            state = f"; {explain()}" if explain is not None else ""
+            raise AssertionError(f"{what or condition} did not happen within {timeout}s{state}")
         time.sleep(0.02)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from sparktrain import CapacityError, RunHandle, SparkRunner, WorkerFailedError, distributed
 from tests.fixtures import trainers
-from tests.helpers import alive, recorded_pids, settled_tracker, wait_for
+from tests.helpers import RANKS_START, alive, recorded_pids, settled_tracker, wait_for
 
 
 def _ranks(mode: str, n: int) -> int:
@@ -28,6 +28,16 @@ def _said(handle: RunHandle, text: str, ranks: int) -> bool:
 
 def _active_jobs(spark: Any) -> list[int]:
     return list(settled_tracker(spark).getActiveJobsIds())
+
+
+def _state(spark: Any, handles: list[RunHandle]) -> str:
+    """What a wait that timed out found: each run's status and last lines, Spark's side."""
+    runs = "; ".join(f"{h.status()!r} after {h.logs()[-3:]}" for h in handles)
+    executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return (
+        f"runs: {runs}; executors registered: {len(executors) - 1}; "
+        f"active jobs: {_active_jobs(spark)}"
+    )
 
 
 def test_cancel_from_another_thread_while_ranks_block_in_a_collective(
@@ -113,7 +123,14 @@ def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Pat
         runner = SparkRunner(np=1)
         first = submit(runner, trainers.talk_until, str(release))
         second = submit(runner, trainers.talk_until, str(release))
-        wait_for(lambda: _said(first, "line 2", 1) and _said(second, "line 2", 1), 120, "both runs")
+        # Both ranks start on a session that earlier tests used: an executor they lost comes
+        # back with a cold Python, so this waits as long as any run's ranks may take to start.
+        wait_for(
+            lambda: _said(first, "line 2", 1) and _said(second, "line 2", 1),
+            RANKS_START,
+            "both runs",
+            lambda: _state(spark, handles),
+        )
         assert first.status() == "running"
 
         hurried = submit(SparkRunner(np=1, queue_wait=0), trainers.noop)
