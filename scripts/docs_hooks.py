@@ -3,7 +3,8 @@
 ``<!-- settings-table -->`` in a page becomes the table of every setting, read from
 :class:`sparktrain.config.RunConfig`'s declarations (the source ``defaults.conf`` is written
 from); ``<!-- public-api -->`` becomes one mkdocstrings entry per name of
-``sparktrain.__all__``, in that order. In the API reference, a runner's argument that is a
+``sparktrain.__all__``, in that order, and ``<!-- public-api sparktrain.WING -->`` one per
+name of that public wing's ``__all__``. In the API reference, a runner's argument that is a
 setting shows the setting's default (its signature says ``None``: "not given here", so
 that the Spark conf and the environment can set it), linked to the Settings page.
 """
@@ -16,6 +17,8 @@ from typing import Any
 
 SETTINGS_MARK = "<!-- settings-table -->"
 API_MARK = "<!-- public-api -->"
+# A public wing's reference: ``<!-- public-api sparktrain.checkpoint -->``.
+WING_MARK = re.compile(r"<!-- public-api (sparktrain\.[a-z_]+) -->")
 
 
 def _cell(text: str) -> str:
@@ -103,13 +106,21 @@ def public_api() -> str:
     return "\n".join(f"::: sparktrain.{name}\n" for name in sparktrain.__all__)
 
 
+def wing_api(module: str) -> str:
+    """One mkdocstrings entry per name of a public wing's ``__all__``, in its order."""
+    import importlib
+
+    names = importlib.import_module(module).__all__
+    return "\n".join(f"::: {module}.{name}\n" for name in names)
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     """Fill the marks of a page with the text written from the code."""
     if SETTINGS_MARK in markdown:
         markdown = markdown.replace(SETTINGS_MARK, settings_table())
     if API_MARK in markdown:
         markdown = markdown.replace(API_MARK, public_api())
-    return markdown
+    return WING_MARK.sub(lambda match: wing_api(match.group(1)), markdown)
 
 
 def on_page_content(content: str, page: Any, **_: Any) -> str:

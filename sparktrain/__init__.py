@@ -114,6 +114,12 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
+# The public wings: the subpackages a user imports, each with its own ``__all__`` and a page of
+# the API reference (docs/api/<wing>.md). Every other module and folder is internal and may
+# change between releases; ``tests/unit/test_public_wings.py`` keeps the two lists, the
+# reference and what the docs import in step.
+_PUBLIC_WINGS = ("checkpoint", "data", "ml", "inference", "plot", "examples")
+
 __all__ = [  # the stated public API (sorted); everything else is internal
     "CallError",
     "CapacityError",

@@ -15,10 +15,13 @@ The driver side (``make_spark_converter``) imports pyspark only when called; the
 an epoch with ``state_dict()`` / ``load_state_dict()``, also at another world size.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktrain.data.converter import CACHE_DIR_CONF, default_cache_dir, make_spark_converter
 from sparktrain.data.dataset import SparkDatasetConverter
+
+if TYPE_CHECKING:  # for type checkers and the API reference; imported on first use below
+    from sparktrain.data.sampler import ResumableDistributedSampler
 
 __all__ = [
     "CACHE_DIR_CONF",

@@ -196,23 +196,23 @@ class SparkDatasetConverter:
                 them is a TypeError).
 
         Keyword Args:
-            num_epochs: epochs per pass over the loader; ``None`` repeats forever.
-            shuffle: shuffle rows, differently every epoch.
-            seed: seed of the shuffle; give every rank the same one.
-            cur_shard: this rank's shard (default: ``sparktrain.worker.context.rank()``).
-            shard_count: number of shards (default: ``world_size()``).
-            columns: columns to load (default: all).
-            transform: function applied to each batch dict (in the batch thread when
+            num_epochs (int | None): epochs per pass over the loader; ``None`` repeats forever.
+            shuffle (bool): shuffle rows, differently every epoch.
+            seed (int | None): seed of the shuffle; give every rank the same one.
+            cur_shard (int): this rank's shard (default: ``sparktrain.worker.context.rank()``).
+            shard_count (int): number of shards (default: ``world_size()``).
+            columns (list[str] | None): columns to load (default: all).
+            transform (Callable | None): function applied to each batch dict (in the batch thread when
                 ``prefetch`` > 0, else in the caller's thread).
-            drop_last: drop rows so every batch is full, instead of padding shards.
-            read_ahead: read the next window of row groups in a background thread while
+            drop_last (bool): drop rows so every batch is full, instead of padding shards.
+            read_ahead (bool): read the next window of row groups in a background thread while
                 batches are cut from the current one (default True; False reads in the
                 thread that makes batches).
-            prefetch: batches made ahead in a second background thread, which also runs
+            prefetch (int): batches made ahead in a second background thread, which also runs
                 ``transform`` (default 0: batches are made in the caller's thread). Worth
                 trying when ``transform`` is heavy, releases the GIL (torch ops) and a core
                 is free; otherwise it only adds a hand-over between threads per batch.
-            shuffle_window: row groups whose rows are mixed together when shuffling. The
+            shuffle_window (int): row groups whose rows are mixed together when shuffling. The
                 loader holds up to about three windows at once (one being read, one queued,
                 one being cut into batches), so its memory is about
                 ``3 * shuffle_window * row group size``; lower it to save memory.

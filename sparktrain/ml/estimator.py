@@ -44,7 +44,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
         learningRate: the default optimizer's learning rate (1e-3).
         featuresCol: an ML vector or array-of-numbers column (default ``"features"``).
         labelCol: a number column (default ``"label"``); class indices for classifiers.
-        predictionCol, probabilityCol: the columns the fitted model adds.
+        predictionCol: the column of predictions the fitted model adds.
+        probabilityCol: the column of class probabilities the fitted model adds.
         batchSize: training rows per batch on each rank (64).
         epochs: passes over the data (10).
         np: ranks: > 0 on Spark executors, < 0 on the driver (2).

@@ -3,6 +3,7 @@ from the pinned mkdocs tools, and its pages written from the code say what the c
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -99,6 +100,11 @@ def test_the_api_reference_documents_every_public_name(site: Path) -> None:
     html = (site / "api.html").read_text(encoding="utf-8")
     missing = [name for name in sparktrain.__all__ if f'id="sparktrain.{name}"' not in html]
     assert missing == []
+    for wing in sparktrain._PUBLIC_WINGS:
+        module = importlib.import_module(f"sparktrain.{wing}")
+        page = (site / "api" / f"{wing}.html").read_text(encoding="utf-8")
+        missing = [n for n in module.__all__ if f'id="sparktrain.{wing}.{n}"' not in page]
+        assert missing == [], f"sparktrain.{wing}"
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
