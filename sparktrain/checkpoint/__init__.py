@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -39,7 +40,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.checkpoint import _commit, _loader, _owner, _sharded, layout
+from sparktrain.checkpoint import _background, _loader, _owner, _sharded, layout
+from sparktrain.checkpoint._background import PendingSave, wait
 from sparktrain.checkpoint._errors import (
     CheckpointError,
     CheckpointOwnershipError,
@@ -53,7 +55,6 @@ from sparktrain.checkpoint._shared import check_shared
 from sparktrain.checkpoint._store import _HashingWriter, _Store
 from sparktrain.checkpoint.layout import marker_name
 from sparktrain.errors import ConfigurationError
-from sparktrain.worker import context
 
 __all__ = [
     "RUN_ID_ENV",
@@ -61,8 +62,10 @@ __all__ = [
     "CheckpointError",
     "CheckpointOwnershipError",
     "CheckpointWarning",
+    "PendingSave",
     "load_latest",
     "save",
+    "wait",
 ]
 
 _FORMAT = 1
@@ -118,7 +121,8 @@ def save(
     shared: bool = False,
     loader: Any = None,
     sharded: bool = False,
-) -> str | None:
+    asynchronous: bool = False,
+) -> str | None | PendingSave:
     """Save ``state`` as checkpoint ``step`` of ``directory``, on rank 0 only.
 
     Every rank may call it: on other ranks it checks its arguments, waits until rank 0 has
@@ -169,8 +173,15 @@ def save(
             beside the shards (``loader.json``, in the marker with its SHA-256), and
             ``load_latest`` puts it in ``into["loader"]``.
 
+        asynchronous: return a :class:`PendingSave` (on every rank) once the state is staged
+            in host memory (CUDA: pinned), and write it, whole or sharded, in the background,
+            committed as above. The next ``save``, its ``wait()``, :func:`wait` or the end of
+            the rank's function waits for it and raises its failure (CheckpointError naming
+            the step). Call :func:`wait` before ``destroy_process_group``.
+
     Returns:
-        The path or URL of the checkpoint's data file on rank 0; None on other ranks.
+        The path or URL of the checkpoint's data file on rank 0; None on other ranks; with
+        ``asynchronous``, a :class:`PendingSave` on every rank.
 
     Raises:
         ConfigurationError: ``step``, ``keep_last`` or ``directory`` is invalid, fsspec
@@ -188,6 +199,7 @@ def save(
     """
     where = _directory(directory)
     _check_save_args(step, keep_last)
+    _background.settle()  # the save still in flight first; its failure is raised here
     if loader is not None:
         _loader.check_state(state)
     store = _Store(where, storage_options)
@@ -195,20 +207,14 @@ def save(
     merged = None if loader is None else _loader.gathered(_loader.own_state(loader), where, step)
     if sharded:
         options = dict(storage_options or {})
-        return _sharded.save(state, store, step, keep_last, take_over, options, merged)
+        args = (state, store, step, keep_last, take_over, options, merged, asynchronous)
+        return _sharded.save(*args)
     if loader is not None:
         state = {**state, _loader.KEY: merged}
-    if context.rank() != 0:
-        _commit.wait(where, step)
-        return None
-    try:
-        path = _save(state, store, step, keep_last, take_over)
-    except BaseException as exc:
-        _commit.post(where, step, None, exc)
-        raise
-    _commit.post(where, step, path)
-    context.tell_saved(step)
-    return path
+    write = functools.partial(
+        _save, store=store, step=step, keep_last=keep_last, take_over=take_over
+    )
+    return _background.whole(state, where, step, write, asynchronous)
 
 
 def _save(state: Any, store: _Store, step: int, keep_last: int | None, take_over: bool) -> str:

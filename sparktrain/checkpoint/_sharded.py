@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sparktrain.checkpoint import _commit, _owner, layout
+from sparktrain.checkpoint import _background, _commit, _owner, layout
 from sparktrain.checkpoint._errors import CheckpointError, CheckpointOwnershipError
 from sparktrain.checkpoint._retention import tidy
 from sparktrain.checkpoint._store import _Store
@@ -172,23 +172,70 @@ def save(
     take_over: bool,
     storage_options: dict[str, Any],
     loader: dict[str, Any] | None = None,
-) -> str | None:
+    asynchronous: bool = False,
+) -> str | None | _background.PendingSave:
     """Every rank: write this rank's shards of ``state``; rank 0 commits once all are in.
+
+    With ``asynchronous``, the state is staged in host memory and written in the background
+    (:mod:`._background`), over a gloo group of its own so that its collectives never meet
+    the training's; the handle is returned at once.
 
     ``loader`` is the loader's joined state on rank 0 (None elsewhere, or without one), written
     as ``loader.json`` beside DCP's files.
 
     Returns:
-        The checkpoint folder's path or URL on rank 0; None on the other ranks.
+        The checkpoint folder's path or URL on rank 0; None on the other ranks; with
+        ``asynchronous``, the save's handle on every rank.
     """
-    import torch.distributed.checkpoint as dcp
-
     rank, world = _group()
     word = _start(store, step, take_over, world) if rank == 0 else _share({}, world)
     _raise(word, f"rank 0 could not start sharded checkpoint {step} of {store.where}")
     data = word["data"]
+    if asynchronous:
+        group, staged = _background_group(world), _background.stage(state)
+
+        def write() -> str | None:
+            args = (staged, store, step, keep_last, storage_options, loader, rank, world, data)
+            return _write(*args, group=group)
+
+        return _background.start(step, store.where, write)
+    return _write(state, store, step, keep_last, storage_options, loader, rank, world, data)
+
+
+def _background_group(world: int) -> Any:
+    """A gloo group of every rank for background saves (made once: every rank calls it at
+    the same save); None with one process."""
+    if world == 1:
+        return None
+    import torch.distributed as dist
+
+    world_group = dist.group.WORLD
+    if _groups.get("world") is not world_group:
+        _groups["world"], _groups["gloo"] = world_group, dist.new_group(backend="gloo")
+    return _groups["gloo"]
+
+
+_groups: dict[str, Any] = {}
+
+
+def _write(
+    state: Any,
+    store: _Store,
+    step: int,
+    keep_last: int | None,
+    storage_options: dict[str, Any],
+    loader: dict[str, Any] | None,
+    rank: int,
+    world: int,
+    data: str,
+    group: Any = None,
+) -> str | None:
+    """Every rank: write ``state``'s shards into the folder ``data``; rank 0 commits."""
+    import torch.distributed.checkpoint as dcp
+
     with _quiet(world):
-        dcp.save(state, storage_writer=_writer(store, data, storage_options))
+        writer = _writer(store, data, storage_options)
+        dcp.save(state, storage_writer=writer, process_group=group)
     try:
         if loader is not None:
             text = json.dumps(loader).encode()
@@ -201,7 +248,7 @@ def save(
         import torch.distributed as dist
 
         everyone = [{} for _ in range(world)]
-        dist.all_gather_object(everyone, files)
+        dist.all_gather_object(everyone, files, group=group)
     if rank != 0:
         _commit.wait(store.where, step)
         return None

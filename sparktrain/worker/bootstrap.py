@@ -236,6 +236,14 @@ def exit_rank(code: int) -> NoReturn:
         os._exit(code)
 
 
+def _finish_checkpoint() -> None:
+    """Wait for the rank's asynchronous checkpoint save still in flight, if any: its failure
+    fails the rank, naming the step (nothing to do when no checkpoint was saved)."""
+    background = sys.modules.get("sparktrain.checkpoint._background")
+    if background is not None:
+        background.finish()
+
+
 def main() -> int:
     """Run one rank; returns the process exit code."""
     times = {"begun": time.time()}
@@ -268,6 +276,7 @@ def main() -> int:
         _pin_device()
         times["called"] = time.time()
         value = fn(*args, **kwargs)
+        _finish_checkpoint()
     except SystemExit as exc:
         if exc.code in (None, 0):
             value = None
