@@ -78,8 +78,8 @@ class PendingSave:
         cause = self._error
         error = CheckpointError(
             f"asynchronous checkpoint save of step {self.step} to {self.directory} failed "
-            f"in the background: {type(cause).__name__}: {cause}; the previous checkpoint "
-            "is still the newest one"
+            f"in the background: {type(cause).__name__}: {cause}; it was not committed, so "
+            "load_latest still finds the checkpoint before it, if any"
         )
         error.__cause__ = cause
         return error
