@@ -8,7 +8,7 @@ must be the newest one reported, or the one after it (committed, then killed bef
 report). A committed marker must never point at missing, truncated or corrupted data. The
 same runs for sharded saves (``sharded=True``, one process, so a DCP folder per save), loaded
 with ``load_latest(directory, into=state)``, and for asynchronous saves
-(``asynchronous=True``, whole checkpoints written by a background thread): there a returned
+(``asynchronous=True``, whole and sharded, written by a background thread): there a returned
 ``save`` reports the step before it, which it waited for, so the newest committed step may be
 up to two ahead of the one reported (the next save's background write may commit before the
 report).
@@ -32,7 +32,8 @@ if not hasattr(os, "fork"):
 
 TRIALS = 200
 SHARDED_TRIALS = 30  # sharded saves (save(..., sharded=True)) in one process: a DCP folder
-ASYNC_TRIALS = 30  # asynchronous saves: killed while the background thread writes, or not
+ASYNC_TRIALS = 30  # asynchronous saves, whole and sharded: killed while a background thread
+# writes, or not
 
 HELPER = textwrap.dedent(
     """
@@ -44,8 +45,8 @@ HELPER = textwrap.dedent(
     from sparktrain import checkpoint
 
     directory, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    sharded = sys.argv[4] == "sharded"  # written through torch.distributed.checkpoint
-    asynchronous = sys.argv[4] == "async"  # written by a background thread
+    sharded = "sharded" in sys.argv[4]  # written through torch.distributed.checkpoint
+    asynchronous = "async" in sys.argv[4]  # written by a background thread
     os.environ[checkpoint.RUN_ID_ENV] = "crash-test"  # every child is a restart of one run
     rng = random.Random(seed)
 
@@ -148,7 +149,13 @@ HELPER = textwrap.dedent(
 
 
 @pytest.mark.parametrize(
-    ("kind", "trials"), [("whole", TRIALS), ("sharded", SHARDED_TRIALS), ("async", ASYNC_TRIALS)]
+    ("kind", "trials"),
+    [
+        ("whole", TRIALS),
+        ("sharded", SHARDED_TRIALS),
+        ("async", ASYNC_TRIALS),
+        ("sharded-async", ASYNC_TRIALS),
+    ],
 )
 def test_sigkill_at_random_instants_never_loses_the_newest_commit(
     tmp_path: Path, kind: str, trials: int
@@ -174,7 +181,7 @@ def test_sigkill_at_random_instants_never_loses_the_newest_commit(
     for r in results:
         assert r["killed"], r
         expected = {r["reported"], r["reported"] + 1}  # +1: committed, killed before reporting
-        if kind == "async":  # +2: the next save's background write committed before the report
+        if "async" in kind:  # +2: the next save's background write committed before the report
             expected.add(r["reported"] + 2)
         if r["reported"] == -1:
             expected.add(None)  # nothing committed yet
