@@ -6,8 +6,9 @@ once, and hands the write to one background thread. The write is the same as a s
 save's, commit marker last, so a kill at any instant leaves the previous checkpoint
 loadable. A process has at most one save in flight: the next ``save`` (asynchronous or not)
 first waits for it, and a failure is raised there, as at :meth:`PendingSave.wait`,
-:func:`wait`, or when the rank's function returns under sparktrain (outside sparktrain, an
-``atexit`` hook waits for the write and prints a failure on stderr). A failure is raised once:
+:func:`wait`, or when the rank's function returns (or calls ``sys.exit(0)``) under sparktrain;
+a function that raises does not wait, and its write in flight is abandoned, uncommitted.
+Outside sparktrain, an ``atexit`` hook waits for the write and prints a failure on stderr. A failure is raised once:
 when the user has seen it, it is not raised again.
 """
 

@@ -275,7 +275,12 @@ def main() -> int:
     try:
         _pin_device()
         times["called"] = time.time()
-        value = fn(*args, **kwargs)
+        try:
+            value = fn(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+            value = None  # sys.exit(0) ends the function as returning does
         _finish_checkpoint()
     except SystemExit as exc:
         if exc.code in (None, 0):

@@ -12,6 +12,7 @@ identical to the state at the instant of the save.
 from __future__ import annotations
 
 import errno
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,8 +175,9 @@ def test_wait_raises_the_failure_and_checkpoint_wait_does_not_repeat_it(
         checkpoint.wait()
 
 
-def _fail_at_the_end(directory: str) -> str:
-    """Save asynchronously into a full store, and return before the write is done."""
+def _fail_at_the_end(directory: str, exit_zero: bool) -> str:
+    """Save asynchronously into a full store, and return (or ``sys.exit(0)``) before the
+    write is done."""
     import fsspec
     import torch.distributed as dist
     from fsspec.implementations.memory import MemoryFileSystem
@@ -193,12 +195,17 @@ def _fail_at_the_end(directory: str) -> str:
     fsspec.register_implementation("fullfs", FullFileSystem, clobber=True)
     dist.init_process_group("gloo")
     checkpoint.save({"w": torch.ones(4)}, directory, 7, asynchronous=True)
+    if exit_zero:
+        sys.exit(0)
     return "returned"
 
 
-def test_a_failed_background_write_fails_the_run_when_the_function_returns() -> None:
+@pytest.mark.parametrize("exit_zero", [False, True], ids=["return", "sys.exit(0)"])
+def test_a_failed_background_write_fails_the_run_when_the_function_returns(
+    exit_zero: bool,
+) -> None:
     with pytest.raises(WorkerFailedError) as caught:
-        SparkRunner(np=-2, progress=False).run(_fail_at_the_end, "fullfs://ckpt")
+        SparkRunner(np=-2, progress=False).run(_fail_at_the_end, "fullfs://ckpt", exit_zero)
     message = str(caught.value)
     assert "asynchronous checkpoint save of step 7" in message, message
     assert "No space left on device" in message, message
