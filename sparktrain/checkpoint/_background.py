@@ -238,14 +238,17 @@ def _stage_tensor(tensor: Any) -> Any:
         DTensor = ()  # type: ignore[assignment,misc]  # noqa: N806
     if isinstance(tensor, DTensor):
         local = _stage_tensor(tensor.to_local())
-        return DTensor.from_local(
-            local,
-            tensor.device_mesh,
-            tensor.placements,
-            run_check=False,
-            shape=tensor.shape,
-            stride=tensor.stride(),
-        )
+        try:  # the same spec around the host copy (from_local would move it back to the GPU)
+            return DTensor(local, tensor._spec, requires_grad=False)
+        except (TypeError, AttributeError):  # a torch whose DTensor is built otherwise
+            return DTensor.from_local(
+                local,
+                tensor.device_mesh,
+                tensor.placements,
+                run_check=False,
+                shape=tensor.shape,
+                stride=tensor.stride(),
+            )
     if type(tensor).__name__ == "ShardedTensor":  # FSDP1's sharded state: torch's own copy
         if tensor.device.type == "cpu":
             return copy.deepcopy(tensor)

@@ -250,8 +250,15 @@ def _local(value: Any) -> Any:
 
 def _train_and_save_async(directory: str) -> list[dict[str, Any]]:
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
 
-    model, optim, state = _fsdp_state()
+    model, optim, fsdp_state = _fsdp_state()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    spread = distribute_tensor(torch.arange(8, dtype=torch.float32), mesh, [Shard(0)])
+
+    def state() -> dict[str, Any]:
+        return {**fsdp_state(), "spread": spread}
 
     def step(seed: int) -> None:
         torch.manual_seed(seed + dist.get_rank())
@@ -263,6 +270,7 @@ def _train_and_save_async(directory: str) -> list[dict[str, Any]]:
     saved = _local(state())
     handle = checkpoint.save(state(), directory, 1, sharded=True, asynchronous=True)
     step(20)  # changes the parameters while (or before) the shards are written
+    spread.to_local().add_(100)
     path = handle.wait()
     changed = _local(state())
     into = state()
