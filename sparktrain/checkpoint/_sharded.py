@@ -327,6 +327,12 @@ def load_into(
             f"sharded checkpoint {word['step']} of {store.where} holds the loader's state, "
             f"which load_latest puts under into[{'loader'!r}]: pass a dict as into="
         )
+    if "loader" not in word and isinstance(into, dict) and "loader" in into:
+        raise ConfigurationError(
+            f"sharded checkpoint {word['step']} of {store.where} was saved without loader=, "
+            f"so it holds no loader state for into[{'loader'!r}]: leave that key out of "
+            "into= (the loader starts its epoch afresh), or save with loader=loader"
+        )
     # DCP loads every key of its state; the loader's is not among DCP's, so it is left out
     # (a dict of the same entries, into which DCP also puts the values it replaces).
     state = {k: v for k, v in into.items() if k != "loader"} if "loader" in word else into

@@ -269,6 +269,14 @@ def test_a_sharded_save_keeps_the_loaders_place_and_loads_it_at_another_size(
     assert found is not None and found.step == 1 and "loader" not in older  # saved without one
     _same(_plain(1.0), older)
 
+    # A state that asks for the loader's place of a checkpoint saved without one.
+    checkpoint.save(_plain(3.0), where, 3, sharded=True)
+    wrong = {**_plain(0.0), "loader": None}
+    with pytest.raises(ConfigurationError, match=r"3 of .* saved without loader=, so it holds no"):
+        checkpoint.load_latest(where, into=wrong)
+    assert wrong["loader"] is None
+    _same(_plain(0.0), {k: v for k, v in wrong.items() if k != "loader"})  # untouched
+
 
 def test_a_sharded_save_with_a_loader_refuses_a_state_with_a_loader_entry(
     tmp_path: Path,
