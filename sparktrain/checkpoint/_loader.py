@@ -4,7 +4,9 @@ Each rank's loader (or sampler) knows only its own rows; the place of the epoch 
 of all ranks together. ``save(..., loader=loader)`` puts each rank's state in the process
 group's store (as JSON, so nothing is unpickled), rank 0 reads all of them and saves their
 merged state (:func:`sparktrain.data.resume_state.merge`) under the checkpoint's ``"loader"``
-key, which a restarted run at any number of ranks gives to ``load_state_dict``.
+key (a sharded checkpoint: as ``loader.json`` in its folder, which ``load_latest(into=state)``
+puts in ``state["loader"]``), which a restarted run at any number of ranks gives to
+``load_state_dict``.
 """
 
 from __future__ import annotations
