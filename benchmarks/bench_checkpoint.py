@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import shutil
 import statistics
 import tempfile
@@ -345,6 +346,7 @@ def main() -> None:
         f"sharded by rows (DTensor Shard(0), gloo); {args.saves} saves per method; "
         f"asynchronous=: {'yes' if 'c' in methods else 'not available'}"
     )
+    print(f"load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))
     saves: dict[int, list[dict]] = {}
     loads: dict[int, dict] = {size: {} for size in sizes}
@@ -378,6 +380,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     shard = {size: total // size for size in sizes}
     report(sizes, saves, loads, shard)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (other work on the machine skews)")
 
 
 if __name__ == "__main__":
