@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
-from sparktrain.checkpoint import _background, _loader, _owner, _sharded, layout
+from sparktrain.checkpoint import _background, _commit, _loader, _owner, _sharded, layout
 from sparktrain.checkpoint._background import PendingSave, wait
 from sparktrain.checkpoint._errors import (
     CheckpointError,
@@ -55,6 +55,7 @@ from sparktrain.checkpoint._shared import check_shared
 from sparktrain.checkpoint._store import _HashingWriter, _Store
 from sparktrain.checkpoint.layout import marker_name
 from sparktrain.errors import ConfigurationError
+from sparktrain.worker import context
 
 __all__ = [
     "RUN_ID_ENV",
@@ -214,7 +215,8 @@ def save(
     write = functools.partial(
         _save, store=store, step=step, keep_last=keep_last, take_over=take_over
     )
-    return _background.whole(state, where, step, write, asynchronous)
+    marker = _commit.read_marker(store.read, step)
+    return _background.whole(state, where, step, write, asynchronous, marker)
 
 
 def _save(state: Any, store: _Store, step: int, keep_last: int | None, take_over: bool) -> str:
@@ -244,6 +246,7 @@ def _save(state: Any, store: _Store, step: int, keep_last: int | None, take_over
         "size": writers[0].size,
         "sha256": writers[0].sha256.hexdigest(),
         "run_id": me["run_id"],
+        "attempt": context.attempt(),
         "time": time.time(),
     }
     store.write(marker_name(step), lambda f: f.write(json.dumps(marker).encode()))

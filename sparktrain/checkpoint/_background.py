@@ -99,14 +99,20 @@ class PendingSave:
 
 
 def whole(
-    state: Any, where: str, step: int, write: Callable[[Any], str], asynchronous: bool
+    state: Any,
+    where: str,
+    step: int,
+    write: Callable[[Any], str],
+    asynchronous: bool,
+    marker: Callable[[], Any] | None = None,
 ) -> str | None | PendingSave:
     """A whole checkpoint: rank 0 runs ``write(state)`` and tells the others, which wait for
-    its word (as :func:`posted`); with ``asynchronous``, on a staged copy in the background."""
+    its word (as :func:`posted`; ``marker`` reads the commit marker when rank 0 has ended);
+    with ``asynchronous``, on a staged copy in the background."""
     if context.rank() != 0:
         if asynchronous:
-            return start(step, where, lambda: _commit.wait(where, step))
-        _commit.wait(where, step)
+            return start(step, where, lambda: _commit.wait(where, step, marker))
+        _commit.wait(where, step, marker)
         return None
     if asynchronous:
         staged = stage(state)

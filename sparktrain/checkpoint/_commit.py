@@ -14,6 +14,11 @@ and the outcome, the key the ranks got from sparktrain), and a rank reads nothin
 verify: a value that is not sparktrain's shape, or not signed with the run's key, is a
 ``CheckpointError`` that says so, never a committed checkpoint or the writer's error text.
 Outside sparktrain (no run key: torchrun) the word is unsigned, and still checked for shape.
+
+A rank 0 whose function ends right after its save takes the store with it, possibly before a
+slower rank has read its word. So a rank that can no longer reach the store reads the
+checkpoint's commit marker instead: one written by this run's current attempt (its run id and
+attempt number) is rank 0's word too, as the marker is what makes a checkpoint count.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from sparktrain import contract
+from sparktrain.checkpoint import layout
 from sparktrain.checkpoint._errors import CheckpointError
+from sparktrain.worker import context
 
 _PREFIX = "sparktrain.checkpoint"
 
@@ -121,13 +129,44 @@ def post(where: str, step: int, path: str | None, error: BaseException | None = 
         pass
 
 
-def wait(where: str, step: int) -> None:
+def read_marker(read: Callable[[str], bytes], step: int) -> Callable[[], Any]:
+    """What :func:`wait` calls to read checkpoint ``step``'s commit marker through ``read``
+    (a store's ``read(name)``); None where there is none or it cannot be read."""
+
+    def marker() -> Any:
+        try:
+            return json.loads(read(layout.marker_name(step)))
+        except (OSError, ValueError):
+            return None
+
+    return marker
+
+
+def _ours(marker: Any) -> bool:
+    """Whether a commit marker was written by rank 0 of this run's current attempt (known only
+    under sparktrain, which gives every rank of a run one run id)."""
+    run_id = os.environ.get(contract.RUN_ID_ENV)
+    return (
+        isinstance(marker, dict)
+        and run_id is not None
+        and marker.get("run_id") == run_id
+        and marker.get("attempt") == context.attempt()
+    )
+
+
+def wait(where: str, step: int, marker: Callable[[], Any] | None = None) -> None:
     """On another rank: return once rank 0 has committed checkpoint ``step`` of ``where``.
+
+    Args:
+        where: the checkpoint directory.
+        step: the checkpoint's step.
+        marker: reads the step's commit marker (:func:`read_marker`): when rank 0 can no
+            longer be asked, a marker of this attempt says it committed.
 
     Raises:
         CheckpointError: rank 0 could not save it, or could no longer be asked (it ended, or
-            the process group's timeout passed), or the store holds a word that is not rank
-            0's (see :func:`decode`).
+            the process group's timeout passed) and no commit marker of this attempt is
+            there, or the store holds a word that is not rank 0's (see :func:`decode`).
     """
     store = _store()
     if store is None:
@@ -136,9 +175,12 @@ def wait(where: str, step: int) -> None:
     try:
         raw = store.get(name)
     except (RuntimeError, OSError, ValueError) as exc:
+        if marker is not None and _ours(marker()):
+            return  # committed; rank 0 ended before this rank asked
         raise CheckpointError(
             f"waited for rank 0 to commit checkpoint {step} of {where}, but it never said it "
-            f"had ({type(exc).__name__}: {exc}); see rank 0's error"
+            f"had ({type(exc).__name__}: {exc}), and no commit marker of it from this attempt "
+            "is there; see rank 0's error, if it had one"
         ) from exc
     try:
         outcome = decode(name, raw, _run_key())

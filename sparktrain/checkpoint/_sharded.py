@@ -250,7 +250,7 @@ def _write(
         everyone = [{} for _ in range(world)]
         dist.all_gather_object(everyone, files, group=group)
     if rank != 0:
-        _commit.wait(store.where, step)
+        _commit.wait(store.where, step, _commit.read_marker(store.read, step))
         return None
     try:
         path = _commit_sharded(store, step, data, everyone, keep_last)
@@ -287,6 +287,7 @@ def _commit_sharded(
         "sha256": "",
         "files": files,
         "run_id": me["run_id"],
+        "attempt": context.attempt(),
         "time": time.time(),
     }
     store.write(layout.marker_name(step), lambda f: f.write(json.dumps(marker).encode()))

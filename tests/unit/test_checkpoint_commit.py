@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparktrain import SparkRunner
+import pytest
+import torch
+
+from sparktrain import SparkRunner, checkpoint
 
 # How long rank 0 gives rank 1 to show that it got past save() before the commit.
 _LOOK = 2.0
@@ -101,3 +104,48 @@ def test_rank_1_hears_why_rank_0_could_not_save(tmp_path: Path) -> None:
     assert "this state cannot be written" in rank0 and rank0.startswith("ValueError")
     assert rank1.startswith("CheckpointError: rank 0 could not save checkpoint 2 of ")
     assert rank1.endswith("ValueError: this state cannot be written")
+
+
+def _save_last_after_rank_0_ended(directory: str, rank0_pid: str, sharded: bool) -> object:
+    """Each rank's function ends with its save; rank 1 asks for rank 0's word only once rank
+    0's process (which holds the process group's store) has ended, as a slower rank may."""
+    import os
+
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    from sparktrain import checkpoint
+    from sparktrain.checkpoint import _commit
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        Path(rank0_pid + ".tmp").write_text(str(os.getpid()))
+        os.replace(rank0_pid + ".tmp", rank0_pid)
+    else:
+        asked = _commit.wait
+
+        def after_rank_0_ended(*args: object) -> None:
+            assert _wait_for(rank0_pid, 60)
+            rank0 = psutil.Process(int(Path(rank0_pid).read_text()))
+            psutil.wait_procs([rank0], timeout=60)
+            assert not rank0.is_running()
+            asked(*args)  # type: ignore[arg-type]
+
+        _commit.wait = after_rank_0_ended  # type: ignore[assignment]
+    return checkpoint.save({"w": torch.full((4,), 7.0)}, directory, step=1, sharded=sharded)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["whole", "sharded"])
+def test_a_save_that_ends_the_function_returns_on_a_rank_slower_than_rank_0(
+    tmp_path: Path, sharded: bool
+) -> None:
+    """Rank 0 returns from its last save and its process ends, taking the process group's
+    store with it; rank 1 then reads the commit marker instead of rank 0's word in the store,
+    and the run succeeds."""
+    directory = str(tmp_path / "ckpt")
+    returned = SparkRunner(np=-2, progress=False).run_all(
+        _save_last_after_rank_0_ended, directory, str(tmp_path / "rank0.pid"), sharded
+    )
+    assert returned[1] is None and returned[0] is not None
+    assert checkpoint.load_latest(directory, into={"w": torch.zeros(4)} if sharded else None)
