@@ -33,10 +33,13 @@ def _active_jobs(spark: Any) -> list[int]:
 def _state(spark: Any, handles: list[RunHandle]) -> str:
     """What a wait that timed out found: each run's status and last lines, Spark's side."""
     runs = "; ".join(f"{h.status()!r} after {h.logs()[-3:]}" for h in handles)
+    from sparktrain.driver import inflight
+
     executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
     return (
         f"runs: {runs}; executors registered: {len(executors) - 1}; "
-        f"active jobs: {_active_jobs(spark)}"
+        f"active jobs: {_active_jobs(spark)}; places of this process's runs: "
+        f"{inflight._places}, tickets on their way: {sorted(inflight._coming)}"
     )
 
 
