@@ -22,34 +22,11 @@ import pytest
 
 from sparktrain import SparkRunner
 from tests.fixtures import sharded_trainers
+from tests.fixtures.sharded_trainers import assert_same, read_whole
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.spark
-
-
-def _whole(folder: str, into: Path) -> Any:
-    """A DCP folder read whole by this one process."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(folder, into)
-    return torch.load(into, weights_only=False)
-
-
-def _same(a: Any, b: Any, where: str = "") -> None:
-    """Assert two nested state dicts hold equal tensors and values."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str), where
-        for key in a:
-            _same(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}/{i}")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 def test_fsdp_saved_sharded_on_spark_at_2_ranks_loads_at_3_with_the_loaders_place(
@@ -61,14 +38,14 @@ def test_fsdp_saved_sharded_on_spark_at_2_ranks_loads_at_3_with_the_loaders_plac
     )
     (step3,) = Path(directory).glob("step-000000000003.*.dcp")
     assert (step3 / "loader.json").exists()
-    expected = _whole(str(step3), tmp_path / "expected.pt")
+    expected = read_whole(str(step3), tmp_path / "expected.pt")
     assert sorted(expected) == ["model", "optim"] and expected["optim"]["state"]
 
     seen = SparkRunner(np=-3, progress=False).run_all(
         sharded_trainers.load_and_resave, directory, str(tmp_path / "again")
     )
     assert [s["step"] for s in seen] == [3, 3, 3]
-    _same(expected, _whole(seen[0]["path"], tmp_path / "resaved.pt"))
+    assert_same(expected, read_whole(seen[0]["path"], tmp_path / "resaved.pt"))
     # 2 ranks x 3 steps x 4 rows trained; the 24 left split 8, 8, 8 at 3 ranks, none padded.
     rows = [i for part in trained for i in part] + [i for s in seen for i in s["rest"]]
     assert sorted(rows) == list(range(sharded_trainers.ROWS))

@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 
 from sparktrain import SparkRunner, checkpoint  # noqa: E402
 from sparktrain.errors import ConfigurationError, WorkerFailedError  # noqa: E402
+from tests.fixtures.sharded_trainers import assert_same, read_whole  # noqa: E402
 
 
 def _fsdp() -> tuple[Any, Any]:
@@ -104,30 +105,6 @@ def _load(directory: str, again: str, check_spelling: bool) -> dict[str, Any]:
     return seen
 
 
-def _whole(folder: str, into: Path) -> Any:
-    """A DCP folder read whole by this one process."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(folder, into)
-    return torch.load(into, weights_only=False)
-
-
-def _same(a: Any, b: Any, where: str = "") -> None:
-    """Assert two nested state dicts hold equal tensors and values."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str), where
-        for key in a:
-            _same(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}/{i}")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
-
-
 def test_sharded_fsdp_saved_at_4_ranks_loads_at_3_and_2_and_survives_a_torn_save(
     tmp_path: Path,
 ) -> None:
@@ -142,7 +119,7 @@ def test_sharded_fsdp_saved_at_4_ranks_loads_at_3_and_2_and_survives_a_torn_save
         for n in os.listdir(directory)
         if n.startswith("step-000000000002.") and n.endswith(".dcp")
     ]
-    expected = _whole(str(Path(directory) / step2), tmp_path / "expected.pt")
+    expected = read_whole(str(Path(directory) / step2), tmp_path / "expected.pt")
     assert expected["step"] == 2 and expected["optim"]["state"]  # Adam's moments are in
 
     three = SparkRunner(np=-3, progress=False).run(_load, directory, str(tmp_path / "at3"), False)
@@ -150,7 +127,7 @@ def test_sharded_fsdp_saved_at_4_ranks_loads_at_3_and_2_and_survives_a_torn_save
     for size, seen in ((3, three), (2, two)):
         assert (seen["step"], seen["saved_step"]) == (2, 2)
         assert any(torn[0] in w and "no commit marker" in w for w in seen["warnings"])
-        _same(expected, _whole(seen["resaved"], tmp_path / f"at{size}.pt"))
+        assert_same(expected, read_whole(seen["resaved"], tmp_path / f"at{size}.pt"))
     assert "is sharded (saved with sharded=True)" in two["whole_spelling"]
     assert "load_latest(directory, into=state)" in two["whole_spelling"]
     # The 2-rank save of step 3 deleted the torn folder and, keep_last=2, step 1.
@@ -199,7 +176,7 @@ def test_one_process_saves_and_loads_sharded_in_place_with_keep_last(where: str)
     into = _plain(0.0)
     found = checkpoint.load_latest(where, into=into)
     assert found is not None and (found.step, found.path) == (2, path) and found.state is into
-    _same(_plain(2.0), into)
+    assert_same(_plain(2.0), into)
 
 
 def test_a_corrupted_shard_is_skipped_and_the_previous_checkpoint_loads(tmp_path: Path) -> None:
@@ -217,7 +194,7 @@ def test_a_corrupted_shard_is_skipped_and_the_previous_checkpoint_loads(tmp_path
     with pytest.warns(checkpoint.CheckpointWarning, match=f"{shard} is corrupted"):
         found = checkpoint.load_latest(where, into=into)
     assert found is not None and found.step == 1
-    _same(_plain(1.0), into)
+    assert_same(_plain(1.0), into)
 
 
 def test_a_whole_checkpoint_loaded_into_a_state_says_how_to_load_it(tmp_path: Path) -> None:
@@ -227,7 +204,7 @@ def test_a_whole_checkpoint_loaded_into_a_state_says_how_to_load_it(tmp_path: Pa
         checkpoint.load_latest(tmp_path, into=into)
     assert "is a whole one (saved without sharded=True)" in str(err.value)
     assert "load_latest(directory) and no into=" in str(err.value)
-    _same(_plain(0.0), into)  # untouched
+    assert_same(_plain(0.0), into)  # untouched
     assert checkpoint.load_latest(tmp_path).step == 1  # the spelling it names works
 
 
@@ -253,7 +230,7 @@ def test_a_sharded_save_keeps_the_loaders_place_and_loads_it_at_another_size(
     into = _plain(0.0)
     found = checkpoint.load_latest(where, into=into)
     assert found is not None and found.step == 2 and found.state is into
-    _same(_plain(2.0), {k: v for k, v in into.items() if k != "loader"})
+    assert_same(_plain(2.0), {k: v for k, v in into.items() if k != "loader"})
     rest: list[int] = []
     for rank in range(3):
         sampler = ResumableDistributedSampler(30, num_replicas=3, rank=rank, seed=3)
@@ -267,7 +244,7 @@ def test_a_sharded_save_keeps_the_loaders_place_and_loads_it_at_another_size(
     with pytest.warns(checkpoint.CheckpointWarning, match="loader.json is corrupted"):
         found = checkpoint.load_latest(where, into=older)
     assert found is not None and found.step == 1 and "loader" not in older  # saved without one
-    _same(_plain(1.0), older)
+    assert_same(_plain(1.0), older)
 
     # A state that asks for the loader's place of a checkpoint saved without one.
     checkpoint.save(_plain(3.0), where, 3, sharded=True)
@@ -275,7 +252,7 @@ def test_a_sharded_save_keeps_the_loaders_place_and_loads_it_at_another_size(
     with pytest.raises(ConfigurationError, match=r"3 of .* saved without loader=, so it holds no"):
         checkpoint.load_latest(where, into=wrong)
     assert wrong["loader"] is None
-    _same(_plain(0.0), {k: v for k, v in wrong.items() if k != "loader"})  # untouched
+    assert_same(_plain(0.0), {k: v for k, v in wrong.items() if k != "loader"})  # untouched
 
 
 def test_a_sharded_save_with_a_loader_refuses_a_state_with_a_loader_entry(
