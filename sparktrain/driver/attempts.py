@@ -46,6 +46,7 @@ from sparktrain.errors import (
     WorkerFailedError,
 )
 from sparktrain.log import get_logger
+from sparktrain.rank_outcome import RankOutcome
 from sparktrain.shipping.payload import kept_result_name
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import versions
@@ -299,7 +300,7 @@ class Attempts:
         if self.tracker is not None:
             self.tracker.on_report(message)
 
-    def _attempt(self, job: TaskJob, attempt: AttemptRecord) -> list[dict[str, Any]]:
+    def _attempt(self, job: TaskJob, attempt: AttemptRecord) -> list[RankOutcome]:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
         bind, advertise = channel_address(self.session, self.connect)

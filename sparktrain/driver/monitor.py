@@ -33,6 +33,7 @@ from sparktrain.errors import (
     WorkerFailure,
 )
 from sparktrain.log import get_logger
+from sparktrain.rank_outcome import RankOutcome
 from sparktrain.task.process import STACK_WAIT
 from sparktrain.wire import protocol
 
@@ -123,7 +124,7 @@ class RunMonitor(RunMessages):
         except (OSError, ValueError):
             pass
 
-    def watch(self, launch: Launch) -> list[dict[str, Any]]:
+    def watch(self, launch: Launch) -> list[RankOutcome]:
         """Start ``launch`` and see it through.
 
         Raises:

@@ -22,6 +22,7 @@ from sparktrain.errors import (
     describe_stopped,
 )
 from sparktrain.log import get_logger
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 
 _log = get_logger(__name__)
 
@@ -60,7 +61,7 @@ class RunOutcome:
 
     def _end(
         self, done: dict[str, Any] | None, launch: Launch, interrupted: bool
-    ) -> list[dict[str, Any]]:
+    ) -> list[RankOutcome]:
         """The records of a run that went well; otherwise what stopped it, raised."""
         if interrupted or self.stop_asked:
             self._keep_results(say=True)
@@ -91,13 +92,13 @@ class RunOutcome:
 
     def _collect_stopped(self, done: dict[str, Any] | None) -> None:
         """Take the stopped ranks' stacks from the records too (they may come either way)."""
-        for record in (done or {}).get("records") or ():
-            if record.get("status") == "stopped" and record.get("failure"):
-                try:
-                    failure = WorkerFailure.from_json(record["failure"])
-                except (TypeError, ValueError):
-                    continue
-                self.stopped.setdefault(failure.rank, failure)
+        for data in (done or {}).get("records") or ():
+            try:
+                record = RankOutcome.from_json(data)
+            except (TypeError, ValueError):
+                continue
+            if record.status is RankStatus.STOPPED and record.failure is not None:
+                self.stopped.setdefault(record.failure.rank, record.failure)
 
     def _keep_results(self, say: bool = False) -> str:
         """Keep the results that reached the driver of a run that returns none of them (a rank
@@ -110,13 +111,14 @@ class RunOutcome:
             _log.warning("the run returns no value%s", kept)
         return kept
 
-    def _conclude(self, done: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = done.get("records") or []
-        self.rank0_times = next((r.get("times") for r in records if r.get("rank") == 0), None)
+    def _conclude(self, done: dict[str, Any], launch: Launch) -> list[RankOutcome]:
+        # The records as they crossed from the tasks, typed once here.
+        records = [RankOutcome.from_json(r) for r in done.get("records") or ()]
+        self.rank0_times = next((r.times for r in records if r.rank == 0), None)
         self.results.attach(records)
         for record in records:
-            if record.get("status") == "failed" and record.get("failure"):
-                self._failed(WorkerFailure.from_json(record["failure"]))
+            if record.status is RankStatus.FAILED and record.failure is not None:
+                self._failed(record.failure)
         self._collect_stopped(done)
         if self.failures:
             kept = self._keep_results()

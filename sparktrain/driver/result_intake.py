@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparktrain.errors import PayloadError
+from sparktrain.rank_outcome import RankOutcome
 from sparktrain.shipping.payload import keep_and_say, load_result
 
 
@@ -84,11 +85,11 @@ class ResultReceiver:
         self.results[index] = part
         return None
 
-    def attach(self, records: Iterable[dict[str, Any]]) -> None:
+    def attach(self, records: Iterable[RankOutcome]) -> None:
         """Put each received result into the record of the task that sent it."""
         for record in records:
-            if record.get("result_sent") is not None and record.get("result") is None:
-                record["result"] = self.results.get(record.get("index", -1))
+            if record.result_sent is not None and record.result is None:
+                record.result = self.results.get(record.index)
 
     def keep(self, rank_of: Mapping[int, int], name: str) -> str:
         """Keep on this host every result received, and let go of them; what the run's error
@@ -113,16 +114,16 @@ class ResultReceiver:
         return " (of the results that reached the driver, " + "; ".join(kept) + ")"
 
 
-def rank0_result(records: list[dict[str, Any]], name: str) -> Any:
+def rank0_result(records: list[RankOutcome], name: str) -> Any:
     """Rank 0's value; one that does not unpickle here is kept in a file the error names."""
     for record in records:
-        if record.get("rank") == 0 and record.get("status") == "ok":
+        if record.rank == 0 and record.ok:
             return _load(record, name)
     raise PayloadError("rank 0's outcome did not reach the driver")
 
 
 def all_results(
-    records: list[dict[str, Any]], world_size: int, name: str, limit: int | None = None
+    records: list[RankOutcome], world_size: int, name: str, limit: int | None = None
 ) -> list[Any]:
     """Every rank's value, as a list by rank (``run_all``).
 
@@ -140,19 +141,17 @@ def all_results(
             not unpickle here; or the values together are over ``limit`` (each is then kept,
             and the error says where).
     """
-    by_rank: Mapping[int, dict[str, Any]] = {
-        r["rank"]: r for r in records if r.get("status") == "ok" and "rank" in r
-    }
+    by_rank: Mapping[int, RankOutcome] = {r.rank: r for r in records if r.ok}
     missing = [rank for rank in range(world_size) if rank not in by_rank]
     if missing:
         raise PayloadError(f"the outcome of rank(s) {_ranks(missing)} did not reach the driver")
     base = name.removesuffix("rank0")
-    total = sum(len(r.get("result") or b"") for r in by_rank.values())
+    total = sum(len(r.result or b"") for r in by_rank.values())
     if limit is not None and total > limit:
         kept = "; ".join(
-            f"rank {rank}'s: {keep_and_say(by_rank[rank]['result'], f'{base}rank{rank}')}"
+            f"rank {rank}'s: {keep_and_say(data, f'{base}rank{rank}')}"
             for rank in range(world_size)
-            if by_rank[rank].get("result") is not None
+            if (data := by_rank[rank].result) is not None
         )
         raise PayloadError(
             f"the ranks' results together ({total} bytes) are larger than max_result_bytes "
@@ -161,13 +160,13 @@ def all_results(
     values = []
     for rank in range(world_size):
         values.append(_load(by_rank[rank], f"{base}rank{rank}"))
-        by_rank[rank]["result"] = None  # let go of each pickle once it is loaded
+        by_rank[rank].result = None  # let go of each pickle once it is loaded
     return values
 
 
-def _load(record: dict[str, Any], name: str) -> Any:
-    rank = record.get("rank")
-    data = record.get("result")
+def _load(record: RankOutcome, name: str) -> Any:
+    rank = record.rank
+    data = record.result
     if data is None:
         raise PayloadError(f"rank {rank} finished but its result did not reach the driver")
     try:

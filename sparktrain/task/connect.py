@@ -27,9 +27,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from sparktrain.errors import WorkerFailure, root_cause_order
+from sparktrain.errors import root_cause_order
 from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import go_for
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
@@ -216,10 +217,11 @@ def _run_detached(job: TaskJob, session: DetachedSession) -> list[dict[str, Any]
     # ranks). A task with no failure (its ranks returned, or an MPI task that holds no rank)
     # comes too, or a failed task would wait out that time for nothing.
     session.others_ended(job.run_config.grace_period + PEER_FAILURE_WAIT)
+    outcomes = [RankOutcome.from_json(r) for r in records]
     failed = [
-        (WorkerFailure.from_json(r["failure"]), r["failure"])
-        for r in records
-        if r.get("status") == "failed" and r.get("failure")
+        (o.failure, o.failure.to_json())
+        for o in outcomes
+        if o.status is RankStatus.FAILED and o.failure is not None
     ]
     if failed:
         # One record travels in the job's error: the task's root cause, as the client would

@@ -26,6 +26,7 @@ from sparktrain.errors import ConfigurationError
 from sparktrain.layout.cluster import TaskInfo
 from sparktrain.layout.rendezvous import view_of
 from sparktrain.log import get_logger
+from sparktrain.rank_outcome import RankOutcome
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.gpus import gpu_uuids
@@ -102,7 +103,7 @@ def _launch(
     backend: Backend,
     exchange: Exchange,
     probes: ProbeListener | None = None,
-) -> list[dict[str, Any]]:
+) -> list[RankOutcome]:
     """Wait for the driver's word that every task is there, settle the network interface
     (probing the other hosts, where ``probes`` answers theirs), then start the ranks of
     ``tasks``.
@@ -127,7 +128,8 @@ def _launch(
 def run_spark_task(
     job: TaskJob, iterator: Iterator[Any], session: TaskSession | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Body of one Spark barrier task: runs its rank(s) and yields their records.
+    """Body of one Spark barrier task: runs its rank(s) and yields their records, each as
+    it crosses to the driver (:meth:`RankOutcome.to_json`).
 
     A task that runs k ranks (``job.ranks_per_task``, one per GPU it holds) says hello for
     k slots, each with one of its GPUs and its share of its cores, and its launcher runs
@@ -183,7 +185,8 @@ def run_spark_task(
             _hello(session, info)
         session.listen()
         records = _launch(session, launcher, list(slots), backend, session.exchange, probes)
-        yield from deliver(session, records, host)
+        for outcome in deliver(session, records, host):
+            yield outcome.to_json()
 
 
 def share(items: Sequence[str], k: int) -> list[tuple[str, ...]]:
@@ -248,7 +251,8 @@ def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
 
 
 def run_local(job: TaskJob) -> list[dict[str, Any]]:
-    """The local supervisor: all ``|np|`` ranks as subprocesses of the driver."""
+    """The local supervisor: all ``|np|`` ranks as subprocesses of the driver; returns their
+    records as a Spark job would (:meth:`RankOutcome.to_json`)."""
     config = job.run_config
     n = config.world_size
     backend = get_backend(config.backend)
@@ -270,8 +274,9 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
             _hello(session, info)
         session.listen()
         records = _launch(session, launcher, range(n), backend, local_exchange)
-        if not job.all_ranks:
-            return records
-        # Every rank's value goes through the driver's receiver, as from executors: the
-        # total is held to max_result_bytes, and what does not fit is kept on this host.
-        return list(deliver(session, records, socket.gethostname()))
+        if job.all_ranks:
+            # Every rank's value goes through the driver's receiver, as from executors: the
+            # total is held to max_result_bytes, and what does not fit is kept on this host.
+            records = list(deliver(session, records, socket.gethostname()))
+        # In the same form as from executors, so that the driver reads one kind of record.
+        return [outcome.to_json() for outcome in records]

@@ -22,13 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from sparktrain import contract
 from sparktrain.backends.base import Backend, rank_env
 from sparktrain.config import RunConfig
 from sparktrain.errors import WorkerFailure
 from sparktrain.layout.cluster import ClusterSpec, RankSpec
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.task.collectives import CollectiveSlots, interval_for
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import STACK_WAIT, RankProcess, dump_all, stop_all
@@ -110,7 +110,7 @@ class RankLauncher(abc.ABC):
     @abc.abstractmethod
     def run(
         self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
-    ) -> list[dict[str, Any]]:
+    ) -> list[RankOutcome]:
         """Run the ranks of ``tasks`` (partition indices) until they have all ended.
 
         Returns:
@@ -190,7 +190,7 @@ class ProcessLauncher(RankLauncher):
 
     def run(
         self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
-    ) -> list[dict[str, Any]]:
+    ) -> list[RankOutcome]:
         mine = [r for r in spec.ranks if r.task.index in tasks]
         holds_rank0 = spec.first in mine
         try:
@@ -198,7 +198,7 @@ class ProcessLauncher(RankLauncher):
             if backend.needs_prepare:
                 shared = exchange(backend.prepare(spec, self.config) if holds_rank0 else None)
             if shared is None:
-                return [record(r, "stopped") for r in mine]
+                return [record(r, RankStatus.STOPPED) for r in mine]
             with self.session.workdir() as workdir, self._counting(workdir, mine):
                 cold: dict[Key, tuple[dict[str, str], str]] = {}
                 procs = {r.rank: self._spawn(spec, r, backend, shared, workdir, cold) for r in mine}
@@ -265,9 +265,9 @@ class ProcessLauncher(RankLauncher):
 
     def _supervise(
         self, mine: Sequence[RankSpec], procs: dict[int, RankProcess], workdir: Path
-    ) -> list[dict[str, Any]]:
+    ) -> list[RankOutcome]:
         by_rank = {r.rank: r for r in mine}
-        records: dict[int, dict[str, Any]] = {}
+        records: dict[int, RankOutcome] = {}
         stopping = False
         events = self.session.events
         while len(records) < len(procs):
@@ -302,15 +302,16 @@ class ProcessLauncher(RankLauncher):
                 stack=proc.last_stack,
                 returns=self.session.job.all_ranks,
             )
-            record["times"] = launch_times(
+            record.times = launch_times(
                 workdir, rank_id, self.session.go_time, proc.spawn_time, proc.forked
             )
             records[rank_id] = record
-            if record["status"] == "stopped" and record["failure"]:
+            failure = record.failure.to_json() if record.failure is not None else None
+            if record.status is RankStatus.STOPPED and failure:
                 # Also over the channel: a cancelled Spark job may never return its records.
-                self.session.send(protocol.STACK(record=record["failure"], stopped=True))
-            if record["status"] == "failed":
-                self.session.send(protocol.FAILURE(failure=record["failure"]))
+                self.session.send(protocol.STACK(record=failure, stopped=True))
+            if record.status is RankStatus.FAILED:
+                self.session.send(protocol.FAILURE(failure=failure))
                 if not stopping and len(procs) > 1:
                     # Ranks of this task (local mode, or k GPUs per task) would block in
                     # their next collective.

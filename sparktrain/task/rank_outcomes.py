@@ -2,9 +2,9 @@
 
 A rank leaves its exit code, its last lines of output and, in the task's own folder,
 ``error-<rank>.json`` when it failed in Python or ``result.pkl`` (rank 0) when it succeeded
-(see :mod:`sparktrain.worker.bootstrap`). A record is the plain dict the driver collects:
-``index``, ``rank``, ``status`` ("ok", "failed" or "stopped"), ``result`` (rank 0's pickled
-value, or every rank's for ``run_all``) and ``failure`` (a :class:`WorkerFailure` as JSON; for a rank that was stopped while
+(see :mod:`sparktrain.worker.bootstrap`). A record is a
+:class:`~sparktrain.rank_outcome.RankOutcome`: its ``status``, ``result`` (rank 0's pickled
+value, or every rank's for ``run_all``) and ``failure`` (for a rank that was stopped while
 running, phase "stopped" with where its main thread was, its stack and its last output).
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 from sparktrain import contract, stacks
 from sparktrain.errors import WorkerFailure
 from sparktrain.layout.cluster import ClusterSpec, RankSpec
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.task.process import TAIL_LINES
 
 NO_STACK = "its stack could not be read (it had not started the function, or did not answer)"
@@ -33,18 +34,12 @@ def error_file(workdir: Path, rank: int) -> Path:
 
 def record(
     rank: RankSpec,
-    status: str,
+    status: RankStatus,
     result: bytes | None = None,
     failure: WorkerFailure | None = None,
-) -> dict[str, Any]:
+) -> RankOutcome:
     """A task record, as the driver collects them."""
-    return {
-        "index": rank.task.index,
-        "rank": rank.rank,
-        "status": status,
-        "result": result,
-        "failure": failure.to_json() if failure else None,
-    }
+    return RankOutcome(rank.task.index, rank.rank, status, result, failure)
 
 
 def clip(lines: Iterable[Any], n: int = TAIL_LINES) -> list[str]:
@@ -85,15 +80,15 @@ def with_stack(base: WorkerFailure, stack: stacks.Stack | None) -> WorkerFailure
 
 def _exited_cleanly(
     rank: RankSpec, workdir: Path, base: WorkerFailure, returns: bool = False
-) -> dict[str, Any]:
+) -> RankOutcome:
     """The record of a rank that exited 0: ok, unless it wrote no result where one is asked
     for (rank 0's always; every rank's when ``returns``)."""
     if rank.rank != 0 and not returns:
-        return record(rank, "ok")
+        return record(rank, RankStatus.OK)
     result = workdir / contract.result_file_name(rank.rank)
     if not result.exists():
-        return record(rank, "failed", failure=dataclasses.replace(base, message=NO_RESULT))
-    return record(rank, "ok", result.read_bytes())
+        return record(rank, RankStatus.FAILED, failure=dataclasses.replace(base, message=NO_RESULT))
+    return record(rank, RankStatus.OK, result.read_bytes())
 
 
 def rank_record(
@@ -105,7 +100,7 @@ def rank_record(
     stopped: bool,
     stack: stacks.Stack | None = None,
     returns: bool = False,
-) -> dict[str, Any]:
+) -> RankOutcome:
     """The record of one rank that ran as its own process (the torch path).
 
     Args:
@@ -129,16 +124,16 @@ def rank_record(
     )
     data = read_errors(workdir, [rank]).get(rank.rank)
     if data is not None:
-        rec = record(rank, "failed", failure=_from_error(data, base))
+        rec = record(rank, RankStatus.FAILED, failure=_from_error(data, base))
     elif code != 0:
-        rec = record(rank, "failed", failure=base)
+        rec = record(rank, RankStatus.FAILED, failure=base)
     else:
         rec = _exited_cleanly(rank, workdir, base, returns)
-    if stopped and rec["status"] == "failed" and data is None:
+    if stopped and rec.status is RankStatus.FAILED and data is None:
         # Ended by our signal. A rank that wrote its own error record failed by itself,
         # even if the stop arrived while it was exiting; its time decides the root cause.
-        rec["status"] = "stopped"
-        rec["failure"] = with_stack(dataclasses.replace(base, phase="stopped"), stack).to_json()
+        stopped_here = with_stack(dataclasses.replace(base, phase="stopped"), stack)
+        rec = dataclasses.replace(rec, status=RankStatus.STOPPED, failure=stopped_here)
     return rec
 
 
@@ -153,7 +148,7 @@ def mpi_records(
     errors: Mapping[int, Mapping[str, Any]],
     tails: Mapping[int, Iterable[str]],
     launcher_output: Iterable[str],
-) -> list[dict[str, Any]]:
+) -> list[RankOutcome]:
     """Every rank's record once mpirun has ended.
 
     Args:
@@ -180,17 +175,17 @@ def mpi_records(
         data = errors.get(rank.rank)
         if data is not None:
             base = dataclasses.replace(base, exit_code=exits.get(rank.rank, 1))
-            rec = record(rank, "failed", failure=_from_error(data, base))
+            rec = record(rank, RankStatus.FAILED, failure=_from_error(data, base))
         elif rank.rank in exits:
-            rec = record(rank, "failed", failure=base)
+            rec = record(rank, RankStatus.FAILED, failure=base)
         elif code == 0:
             rec = _exited_cleanly(rank, workdir, base)
         else:
-            rec = record(rank, "stopped")
-        if stopped and rec["status"] == "failed" and data is None:
-            rec["status"] = "stopped"
+            rec = record(rank, RankStatus.STOPPED)
+        if stopped and rec.status is RankStatus.FAILED and data is None:
+            rec = dataclasses.replace(rec, status=RankStatus.STOPPED)
         records.append(rec)
-    if code != 0 and not stopped and not any(r["status"] == "failed" for r in records):
+    if code != 0 and not stopped and not any(r.status is RankStatus.FAILED for r in records):
         # mpirun itself failed (a daemon did not start, a bad host...): say so on rank 0.
         first = spec.first
         failure = WorkerFailure(
@@ -202,7 +197,7 @@ def mpi_records(
             output_tail=tuple(clip(launcher_output)),
             time=end,
         )
-        records[0] = record(first, "failed", failure=failure)
+        records[0] = record(first, RankStatus.FAILED, failure=failure)
     return records
 
 

@@ -14,13 +14,14 @@ host and the record names that file: a trained result is never lost.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from sparktrain import wire
 from sparktrain.errors import WorkerFailure
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.shipping.payload import keep_and_say, kept_result_name
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.wire import protocol
@@ -37,8 +38,8 @@ STOPPING = "the run was being stopped when it finished"
 
 
 def deliver(
-    session: TaskSession, records: Iterable[dict[str, Any]], host: str
-) -> Iterator[dict[str, Any]]:
+    session: TaskSession, records: Iterable[RankOutcome], host: str
+) -> Iterator[RankOutcome]:
     """The records, with each result sent to the driver instead of carried.
 
     Args:
@@ -51,11 +52,11 @@ def deliver(
         yield from records
         return
     for record in records:
-        data = record.get("result")
+        data = record.result
         if data is None:
             yield record
-        elif (error := _send(session, record["index"], data)) is None:
-            yield {**record, "result": None, "result_sent": len(data)}
+        elif (error := _send(session, record.index, data)) is None:
+            yield dataclasses.replace(record, result=None, result_sent=len(data))
         else:
             # A stop (a timeout, a failed rank, Ctrl-C) that came before the driver confirmed
             # it is no failure of the rank.
@@ -63,7 +64,7 @@ def deliver(
             yield _kept(session, record, data, host, STOPPING if stopped else error, stopped)
 
 
-def _send(session: TaskSession, index: int, data: bytes) -> str | None:
+def _send(session: TaskSession, index: int, data: bytes | bytearray) -> str | None:
     """Send ``data`` to the driver; None once it confirmed that it holds it, else why not."""
     client = session.client
     assert client is not None  # deliver() sends only over a channel
@@ -84,17 +85,17 @@ def _send(session: TaskSession, index: int, data: bytes) -> str | None:
 
 def _kept(
     session: TaskSession,
-    record: dict[str, Any],
-    data: bytes,
+    record: RankOutcome,
+    data: bytes | bytearray,
     host: str,
     why: str,
     stopped: bool = False,
-) -> dict[str, Any]:
+) -> RankOutcome:
     """The record of a result the driver did not get, kept on this host if possible: failed,
     or ``stopped`` when the driver was stopping the run."""
     job = session.job
     size = f"{len(data) / (1 << 20):.1f} MiB" if len(data) >= 100 << 10 else f"{len(data)} bytes"
-    rank = record["rank"]
+    rank = record.rank
     where = keep_and_say(data, kept_result_name(job.run_id, job.attempt, rank), host)
     failure = WorkerFailure(
         rank=rank,
@@ -105,11 +106,11 @@ def _kept(
         message=f"rank {rank} finished, but its result ({size}) did not reach the driver: {why}; "
         + where,
     )
-    status = "stopped" if stopped else "failed"
+    status = RankStatus.STOPPED if stopped else RankStatus.FAILED
     # Also over the channel, as a rank's own end is: a job cancelled meanwhile (the driver
     # stops the run when a rank fails) may never return its records.
     if stopped:
         session.send(protocol.STACK(record=failure.to_json(), stopped=True))
     else:
         session.send(protocol.FAILURE(failure=failure.to_json()))
-    return {**record, "status": status, "result": None, "failure": failure.to_json()}
+    return dataclasses.replace(record, status=status, result=None, failure=failure)

@@ -21,6 +21,7 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.result_intake import ResultReceiver, all_results
 from sparktrain.errors import PayloadError, WorkerFailedError
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.shipping.payload import dump_result, load_kept
 from sparktrain.task import result_upload as task_result
 from sparktrain.task.assignment import TaskJob
@@ -83,9 +84,9 @@ def test_a_refused_result_frees_what_it_held_for_the_others() -> None:
     assert receiver._held == 12
 
 
-def _records(values: dict[int, Any]) -> list[dict[str, Any]]:
+def _records(values: dict[int, Any]) -> list[RankOutcome]:
     return [
-        {"index": 10 + rank, "rank": rank, "status": "ok", "result": dump_result(v, 1 << 20, rank)}
+        RankOutcome(10 + rank, rank, RankStatus.OK, dump_result(v, 1 << 20, rank))
         for rank, v in values.items()
     ]
 
@@ -97,7 +98,7 @@ def test_values_come_back_as_a_list_by_rank_with_none_for_a_rank_that_returned_n
 
 def test_missing_ranks_are_named() -> None:
     records = _records({0: 0, 3: 3})
-    records.append({"index": 11, "rank": 1, "status": "ok", "result": None})
+    records.append(RankOutcome(11, 1, RankStatus.OK))
     with pytest.raises(PayloadError, match=r"rank\(s\) 2 did not reach the driver"):
         all_results(records, 4, "r-attempt1-rank0")
     with pytest.raises(PayloadError, match="rank 1 finished but its result did not reach"):
@@ -109,7 +110,7 @@ def test_a_value_that_does_not_unpickle_on_the_driver_is_kept_naming_its_rank(
 ) -> None:
     records = _records({0: 0})
     broken = b"\x80\x05\x95not a pickle"
-    records.append({"index": 11, "rank": 1, "status": "ok", "result": broken})
+    records.append(RankOutcome(11, 1, RankStatus.OK, broken))
     with pytest.raises(PayloadError, match="rank 1's result arrived but cannot be loaded") as err:
         all_results(records, 2, "r-attempt1-rank0")
     kept = kept_under_tmp / f"sparktrain-{os.getuid()}" / "results" / "r-attempt1-rank1.pkl"
@@ -141,7 +142,7 @@ def test_results_over_the_total_are_kept_where_they_are_and_the_error_names_ever
     config = RunConfig(np=3, grace_period=1, max_result_bytes=limit)
     with ChannelServer(wire.new_key()) as server:
         job = TaskJob("alltest", 0, config.to_json(), server.address, server.key, b"")
-        out: list[dict[str, Any]] = []
+        out: list[RankOutcome] = []
 
         def body(tasks: list[FakeTask], done: Done) -> None:
             for task in tasks:
@@ -149,20 +150,17 @@ def test_results_over_the_total_are_kept_where_they_are_and_the_error_names_ever
             session = TaskSession(job, tasks[0].client)
             assert tasks[0].go.wait(10)
             threading.Thread(target=_relay, args=(tasks[0], session), daemon=True).start()
-            records = [
-                {"index": r, "rank": r, "status": "ok", "result": pickles[r], "failure": None}
-                for r in range(3)
-            ]
+            records = [RankOutcome(r, r, RankStatus.OK, pickles[r]) for r in range(3)]
             out.extend(task_result.deliver(session, records, "host-a"))
             for task in tasks:
                 task.exited()
-            done(out, None)
+            done([r.to_json() for r in out], None)
 
         monitor = RunMonitor(config, server, kept_name="alltest-attempt1-rank0")
         with pytest.raises(WorkerFailedError) as err:
             monitor.watch(FakeLaunch(server, 3, body))
     message = str(err.value)
-    assert [r["status"] for r in out] == ["ok", "ok", "failed"]
+    assert [r.status for r in out] == [RankStatus.OK, RankStatus.OK, RankStatus.FAILED]
     assert err.value.root_cause.rank == 2 and err.value.root_cause.phase == "result"
     assert f"max_result_bytes ({limit} bytes)" in message
     # Every file is named and gives its value back: rank 2's kept by its task (on host-a),

@@ -23,6 +23,7 @@ from sparktrain.errors import (
     WorkerFailedError,
     WorkerFailure,
 )
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.task.assignment import TaskJob
 
 
@@ -271,13 +272,13 @@ def script(monkeypatch: pytest.MonkeyPatch, cluster: Cluster, steps: list[Any]) 
     then has, or a value to return; returns the jobs the attempts were given."""
     jobs: list[TaskJob] = []
 
-    def attempt(self: Attempts, job: TaskJob, record: Any) -> list[dict[str, Any]]:
+    def attempt(self: Attempts, job: TaskJob, record: Any) -> list[RankOutcome]:
         jobs.append(job)
         outcome, total = steps[len(jobs) - 1]
         cluster.total = total
         if isinstance(outcome, BaseException):
             raise outcome
-        return [{"rank": 0, "status": "ok", "result": None, "index": 0}]
+        return [RankOutcome(0, 0, RankStatus.OK)]
 
     monkeypatch.setattr(Attempts, "_attempt", attempt)
     monkeypatch.setattr("sparktrain.driver.attempts.rank0_result", lambda records, name: "done")
@@ -375,7 +376,7 @@ def test_rank_0s_save_tells_the_driver_and_only_it_can_stop_the_run_to_grow(monk
     from sparktrain.wire import protocol
     from sparktrain.worker import context
 
-    sent: list[dict[str, Any]] = []
+    sent: list[RankOutcome] = []
     monkeypatch.setattr(context, "_send", lambda message: sent.append(message) or True)
     checkpoint.save({"w": 1}, tmp_path / "ckpt", step=7)
     assert sent == [protocol.SAVED(rank=0, step=7)]
@@ -436,7 +437,7 @@ def test_ranks_stopped_to_grow_leave_no_kept_result_and_no_warning(tmp_path, mon
     config = RunConfig(np=2, grace_period=1)
     stop = ResizeStop(4, "grow from 2 to 4 ranks: task slots became free")
     asked: list[int] = []
-    sent: list[dict[str, Any]] = []
+    sent: list[RankOutcome] = []
     with ChannelServer(wire.new_key()) as server:
         job = TaskJob("grow", 1, config.to_json(), server.address, server.key, b"")
 
@@ -452,12 +453,12 @@ def test_ranks_stopped_to_grow_leave_no_kept_result_and_no_warning(tmp_path, mon
                 session = TaskSession(job, task.client)
                 threading.Thread(target=_relay, args=(task, session), daemon=True).start()
                 value = dump_result({"stopped": 3}, 1 << 20, rank)
-                mine = {"index": rank, "rank": rank, "status": "ok", "result": value}
+                mine = RankOutcome(rank, rank, RankStatus.OK, value)
                 records += result_upload.deliver(session, [mine], "host-a")
             sent.extend(records)
             for task in tasks:
                 task.exited()
-            done(records, None)
+            done([r.to_json() for r in records], None)
 
         monitor = RunMonitor(
             config,
@@ -469,6 +470,6 @@ def test_ranks_stopped_to_grow_leave_no_kept_result_and_no_warning(tmp_path, mon
             monitor.watch(FakeLaunch(server, 2, body))
     assert asked == [3] and monitor.stop_error is stop
     # Both values reached the driver (sent, not carried): there was something to keep.
-    assert [r.get("result_sent", 0) > 0 for r in sent] == [True, True]
+    assert [(r.result_sent or 0) > 0 for r in sent] == [True, True]
     assert "returns no value" not in caplog.text
     assert [p.name for p in tmp_path.rglob("*.pkl")] == []

@@ -32,6 +32,7 @@ from sparktrain.errors import (
     WorkerFailure,
 )
 from sparktrain.layout.cluster import TaskInfo
+from sparktrain.rank_outcome import RankStatus
 from sparktrain.shipping.payload import dump_call
 from sparktrain.task.assignment import TaskJob
 from sparktrain.wire import protocol
@@ -148,7 +149,7 @@ def test_malformed_messages_are_dropped_and_counted_and_the_run_goes_on(server) 
 
     mon, out = monitor(server)
     records = mon.watch(FakeLaunch(server, 2, body))
-    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert [r.status for r in records] == [RankStatus.OK, RankStatus.OK]
     assert mon.malformed == 5
     assert list(mon.phases()) == ["submit", "rendezvous", "training", "teardown"]
     assert "[rank 1] a real line" in out.getvalue()

@@ -13,6 +13,7 @@ import pytest
 
 from sparktrain.driver.stall import StallWatch
 from sparktrain.errors import RunHungError, RunStalledError, RunTimeoutError, WorkerFailure
+from sparktrain.rank_outcome import RankStatus
 from sparktrain.wire import protocol
 from tests.unit.test_monitor import Done, FakeLaunch, FakeTask, monitor, ok_records, server
 
@@ -67,7 +68,7 @@ def test_a_stall_shows_every_ranks_stack_once_per_silence(server, caplog) -> Non
     mon, out = monitor(server, stall_timeout=0.5)
     launch = FakeLaunch(server, 2, body)
     records = mon.watch(launch)
-    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert [r.status for r in records] == [RankStatus.OK, RankStatus.OK]
     # Each silence asked every rank once: no request left over in any task's queue.
     for task in launch.tasks:
         left = [task.received.get_nowait() for _ in range(task.received.qsize())]

@@ -23,6 +23,7 @@ from sparktrain.driver.monitor import RunMonitor
 from sparktrain.driver.result_intake import ResultReceiver
 from sparktrain.driver.result_intake import rank0_result as _rank0_result
 from sparktrain.errors import PayloadError, WorkerFailedError, WorkerFailure
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.shipping.payload import KEPT_RESULTS, dump_result, keep_result
 from sparktrain.task import result_upload as task_result
 from sparktrain.task.assignment import TaskJob
@@ -58,9 +59,9 @@ def test_receiver_assembles_pieces_and_checks_size_and_digest() -> None:
     for message in _chunks(data):
         receiver.chunk(message)
     assert receiver.end(_end(data)) is None
-    records = [{"index": 0, "rank": 0, "status": "ok", "result": None, "result_sent": len(data)}]
+    records = [RankOutcome(0, 0, RankStatus.OK, result_sent=len(data))]
     receiver.attach(records)
-    assert bytes(records[0]["result"]) == data
+    assert bytes(records[0].result or b"") == data
 
 
 @pytest.mark.parametrize(
@@ -122,7 +123,7 @@ def _job(server: ChannelServer, **settings: Any) -> TaskJob:
 def test_result_goes_over_the_channel_and_the_record_carries_none(server: ChannelServer) -> None:
     """Real task-side code (TaskSession + deliver) against the real monitor."""
     data = os.urandom(3 * task_result.CHUNK + 17)
-    seen: list[dict[str, Any]] = []
+    seen: list[RankOutcome] = []
 
     def body(tasks: list[FakeTask], done: Done) -> None:
         job = _job(server)
@@ -134,16 +135,17 @@ def test_result_goes_over_the_channel_and_the_record_carries_none(server: Channe
         tasks[0].go.wait(10)
         # The fake task's own listener reads the driver's messages: hand them on.
         threading.Thread(target=_relay, args=(tasks[0], sessions[0]), daemon=True).start()
-        record = {"index": 0, "rank": 0, "status": "ok", "result": data, "failure": None}
+        record = RankOutcome(0, 0, RankStatus.OK, data)
         seen.extend(task_result.deliver(sessions[0], [record], "h0"))
         for task in tasks:
             task.exited()
-        done([dict(seen[0]), {"index": 1, "rank": 1, "status": "ok", "result": None}], None)
+        # As the records cross from the tasks: plain dicts.
+        done([seen[0].to_json(), RankOutcome(1, 1, RankStatus.OK).to_json()], None)
 
     mon = RunMonitor(RunConfig(np=2, grace_period=1), server)
     records = mon.watch(FakeLaunch(server, 2, body))
-    assert seen[0]["result"] is None and seen[0]["result_sent"] == len(data)
-    assert bytes(records[0]["result"]) == data
+    assert seen[0].result is None and seen[0].result_sent == len(data)
+    assert bytes(records[0].result or b"") == data
 
 
 def _relay(task: FakeTask, session: TaskSession) -> None:
@@ -202,11 +204,12 @@ def test_a_result_the_driver_did_not_get_is_kept_on_the_task_host(
     tmpdir_for_kept: Path, answer: str | None, fail_send: bool, why: str
 ) -> None:
     data = pickle.dumps({"weights": list(range(1000))})
-    record = {"index": 0, "rank": 0, "status": "ok", "result": data, "failure": None}
+    record = RankOutcome(0, 0, RankStatus.OK, data)
     session: Any = _Unreachable(answer, fail_send)
     (out,) = task_result.deliver(session, [record], "host-a")
-    assert out["status"] == "failed" and out["result"] is None
-    failure = WorkerFailure.from_json(out["failure"])
+    assert out.status is RankStatus.FAILED and out.result is None
+    failure = out.failure
+    assert isinstance(failure, WorkerFailure)
     kept = tmpdir_for_kept / "lost-attempt2-rank0.pkl"
     assert failure.phase == "result" and failure.host == "host-a"
     assert why in failure.message
@@ -215,7 +218,7 @@ def test_a_result_the_driver_did_not_get_is_kept_on_the_task_host(
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     # Also said over the channel: a cancelled Spark job may never return the record.
     assert [m["type"] for m in session.said] == ["failure"]
-    assert session.said[0]["failure"] == out["failure"]
+    assert session.said[0]["failure"] == failure.to_json()
 
 
 @pytest.mark.parametrize("when", ["before", "while sending"])
@@ -225,15 +228,16 @@ def test_a_result_that_comes_while_the_run_is_stopped_is_kept_and_no_failure(
     # A rank that saves and returns within its grace period after a timeout's SIGTERM: the
     # driver is stopping the run and takes no result, and the rank did not fail.
     data = pickle.dumps({"weights": [1, 2, 3]})
-    record = {"index": 0, "rank": 0, "status": "ok", "result": data, "failure": None}
+    record = RankOutcome(0, 0, RankStatus.OK, data)
     session: Any = _Unreachable("the connection to the driver ended before it confirmed it", False)
     if when == "before":
         session.aborted.set()
     else:
         session.send = lambda message: session.aborted.set()  # the stop arrives meanwhile
     (out,) = task_result.deliver(session, [record], "host-a")
-    assert out["status"] == "stopped" and out["result"] is None
-    failure = WorkerFailure.from_json(out["failure"])
+    assert out.status is RankStatus.STOPPED and out.result is None
+    failure = out.failure
+    assert isinstance(failure, WorkerFailure)
     kept = tmpdir_for_kept / "lost-attempt2-rank0.pkl"
     assert failure.phase == "stopped" and failure.host == "host-a"
     assert f"it is kept in {kept} on host-a" in failure.message
@@ -289,7 +293,7 @@ def test_a_result_the_driver_cannot_load_is_kept_where_the_error_says(
     tmpdir_for_kept: Path,
 ) -> None:
     data = dump_result(_LoadsOnlyInRanks(), 1 << 20)
-    records = [{"index": 0, "rank": 0, "status": "ok", "result": data}]
+    records = [RankOutcome(0, 0, RankStatus.OK, data)]
     with pytest.raises(PayloadError) as info:
         _rank0_result(records, "unloadable-attempt1-rank0")
     kept = tmpdir_for_kept / "unloadable-attempt1-rank0.pkl"

@@ -19,6 +19,7 @@ from typing import Any
 
 from sparktrain.driver.launch.stage import FailedTask, describe_spark_error, failed_task
 from sparktrain.errors import PayloadError, WorkerFailure
+from sparktrain.rank_outcome import RankStatus
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.connect import RECORD_COLUMN, failure_in, record_schema, run_connect_task
 
@@ -258,4 +259,8 @@ def _failed_record(failure: dict[str, Any] | None) -> dict[str, Any]:
     """
     if failure is None:
         raise ValueError("no failure record")
-    return {"rank": WorkerFailure.from_json(failure).rank, "status": "failed", "failure": failure}
+    return {
+        "rank": WorkerFailure.from_json(failure).rank,
+        "status": RankStatus.FAILED.value,
+        "failure": failure,
+    }

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain.backends.base import Backend
 from sparktrain.layout.cluster import ClusterSpec
+from sparktrain.rank_outcome import RankOutcome
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.launchers import Exchange, RankLauncher
 from sparktrain.task.mpi import command
@@ -66,7 +67,7 @@ class MpiLaunch(RankLauncher):
 
     def run(
         self, spec: ClusterSpec, tasks: Sequence[int], backend: Backend, exchange: Exchange
-    ) -> list[dict[str, Any]]:
+    ) -> list[RankOutcome]:
         # The local supervisor holds every slot; a Spark task holds its own (one, or one
         # per GPU), all of one task.
         by_index = {r.task.index: r.task for r in spec.ranks}
@@ -94,7 +95,7 @@ class MpiTask:
         # Authenticated messages that were not of a kind this task accepts, or malformed.
         self.malformed = 0
 
-    def run(self) -> list[dict[str, Any]]:
+    def run(self) -> list[RankOutcome]:
         """Play this task's roles until the run is over; the launcher returns every record."""
         run = self.run_
         with run.session.workdir() as workdir:

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sparktrain import contract
+from sparktrain.rank_outcome import RankOutcome, RankStatus
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.run import MpiRun
 from sparktrain.task.process import TAIL_LINES, RankProcess
@@ -122,7 +123,7 @@ class Mpirun:
         for conn_id in self.members:
             self.run.server.send(conn_id, protocol.RELEASE())
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[RankOutcome]:
         """Every rank's record; failures are sent to the driver too."""
         assert self.proc is not None and self.code is not None
         own = list(self.own_lines)
@@ -146,6 +147,6 @@ class Mpirun:
             launcher_output=own,
         )
         for rec in records:
-            if rec["status"] == "failed":
-                self.run.session.send(protocol.FAILURE(failure=rec["failure"]))
+            if rec.status is RankStatus.FAILED and rec.failure is not None:
+                self.run.session.send(protocol.FAILURE(failure=rec.failure.to_json()))
         return records
