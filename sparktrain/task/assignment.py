@@ -29,6 +29,8 @@ class TaskJob:
             them): the client's Python and package versions, which each task compares with
             its own, and a task that cannot reach the channel then says so rather than waiting
             (see :mod:`sparktrain.driver.connect_check`).
+        run_config: ``config`` as a :class:`RunConfig`, built once when the job is made and
+            once where it is unpickled.
     """
 
     run_id: str
@@ -42,13 +44,23 @@ class TaskJob:
     all_ranks: bool = False
     previous_world_size: int = 0
     client_versions: dict[str, str] | None = None
+    # ``config`` as a RunConfig, built once on each side: where the job is made, and where it
+    # is unpickled (only ``config`` crosses; see __getstate__).
+    run_config: RunConfig = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_config", RunConfig.from_json(self.config))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["run_config"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
     @property
     def tasks(self) -> int:
         """How many Spark tasks the run's stage has."""
         return self.run_config.world_size // self.ranks_per_task
-
-    @property
-    def run_config(self) -> RunConfig:
-        """The RunConfig rebuilt on this side."""
-        return RunConfig.from_json(self.config)
