@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 
 # -- what every worker process gets from its supervisor ----------------------------------------
 # The pickled function and arguments.
@@ -77,6 +78,10 @@ STACK_SIGNAL = signal.SIGUSR1
 # Set (to why, e.g. "Horovod is not installed") when ``import horovod`` on the rank must give
 # sparktrain's built-in horovod.torch: the worker then puts its shim first on sys.path.
 HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"
+# That shim: the folder, inside the package, that holds a package named ``horovod`` (see
+# sparktrain.hvdcompat). Spelled here so that the worker finds it without importing hvdcompat,
+# whose elastic API imports the worker's context.
+HOROVOD_SHIM_DIR = Path(__file__).resolve().parent / "hvdcompat" / "shim"
 # Set to 1 when rank 0 must make the process group's store listen on MASTER_ADDR alone (a
 # loopback address, for ``np < 0``) rather than on every interface, as torch's does.
 BOUND_STORE_ENV = "_SPARKTRAIN_BOUND_STORE"

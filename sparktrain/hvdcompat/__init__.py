@@ -11,9 +11,10 @@ This module imports neither torch nor Horovod, so the worker can locate the shim
 
 from __future__ import annotations
 
-from pathlib import Path
+from sparktrain import contract
 
-# The folder placed first on a rank's sys.path: it holds the ``horovod`` shim package.
-SHIM_DIR = Path(__file__).resolve().parent / "shim"
+# The folder placed first on a rank's sys.path: it holds the ``horovod`` shim package (spelled
+# in contract, where the worker, which hvdcompat's elastic API imports, finds it).
+SHIM_DIR = contract.HOROVOD_SHIM_DIR
 
 __all__ = ["SHIM_DIR"]

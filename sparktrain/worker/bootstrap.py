@@ -165,11 +165,10 @@ def _shadow_horovod() -> None:
     """
     if not os.environ.get(contract.HOROVOD_SHIM_ENV):
         return
-    from sparktrain.hvdcompat import SHIM_DIR
-
-    sys.path.insert(0, str(SHIM_DIR))
+    shim = str(contract.HOROVOD_SHIM_DIR)
+    sys.path.insert(0, shim)
     inherited = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM_DIR), inherited]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, inherited]))
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

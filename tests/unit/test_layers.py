@@ -135,3 +135,24 @@ def test_the_import_graph_has_no_loop() -> None:
         if node not in state:
             visit(node)
     assert loops == []
+
+
+def wing(module: str) -> str:
+    """The first name under ``sparktrain``, subpackages included (``hvdcompat`` for
+    ``sparktrain.hvdcompat.elastic.run``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_two_wings_import_each_other() -> None:
+    # Modules of one wing may sit on different layers (hvdcompat's elastic API above the
+    # worker, the rest of hvdcompat beside it); the wings themselves still depend one way.
+    ties: dict[tuple[str, str], str] = {}
+    for m, deps in graph(type_checking=True).items():
+        for d in deps:
+            if wing(m) != wing(d):
+                ties.setdefault((wing(m), wing(d)), f"{m} imports {d}")
+    both_ways = sorted(
+        f"{ties[(a, b)]}, and {ties[(b, a)]}" for a, b in ties if a < b and (b, a) in ties
+    )
+    assert both_ways == []
