@@ -86,6 +86,7 @@ class RankStream:
         self._sock: socket.socket | None = None
         self._spill: Spill | None = None
         self._streamed = False  # the socket was read to its end
+        self._schema: pa.Schema | None = None  # the last schema frame's (kept across a drain)
         self.epoch = 0
 
     def __enter__(self) -> RankStream:
@@ -158,7 +159,6 @@ class RankStream:
         sock = self._sock
         if sock is None:
             raise StreamError("the stream is not open: use the loader in a with block")
-        schema: pa.Schema | None = None
         while True:
             try:
                 kind, payload = protocol.recv_frame(sock)
@@ -176,11 +176,11 @@ class RankStream:
                 return
             buffer = pa.py_buffer(payload)
             if kind == protocol.SCHEMA:
-                schema = pa.ipc.read_schema(buffer)
+                self._schema = pa.ipc.read_schema(buffer)
                 continue
-            if schema is None:
+            if self._schema is None:
                 raise StreamError("the stream sent a batch before its schema")
-            batch = pa.ipc.read_record_batch(buffer, schema)
+            batch = pa.ipc.read_record_batch(buffer, self._schema)
             with contextlib.suppress(OSError):  # a gone feeder shows at the next read
                 sock.sendall(protocol.CREDIT)
             if self._spill is not None:

@@ -123,7 +123,8 @@ class Spill:
             if self._writer is not None:
                 self._writer.close()
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush: the file goes
+                self._file.close()
             self._file = None
         self._writer = None
         shutil.rmtree(self.folder, ignore_errors=True)
