@@ -4,8 +4,8 @@ Hosts are loopback addresses (127.x.y.z, all on this machine; nothing else is ev
 to). Each host has three interfaces: ``eth0`` and ``ib0`` answer, ``decoy`` is dead (its
 address takes the connection and never answers, as a link whose peer is gone; so each dead
 link costs the probe timeout). Each host's prober (:mod:`sparktrain.layout.rendezvous`) probes the
-hosts it is given with the real :func:`~sparktrain.task.probe.probe` against real
-:class:`~sparktrain.task.probe.ProbeListener`\\ s, and the driver's
+hosts it is given with the real :func:`~sparktrain.task.interface_probe.probe` against real
+:class:`~sparktrain.task.interface_probe.ProbeListener`\\ s, and the driver's
 :class:`~sparktrain.driver.layout.InterfaceVote` chooses.
 
 1. ``strangers``: a 2-host run of 2 tasks per host, every task listening; the interface
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sparktrain.driver.layout import InterfaceVote  # noqa: E402
 from sparktrain.layout.cluster import TaskInfo  # noqa: E402
 from sparktrain.layout.rendezvous import go_messages, plan, view_of  # noqa: E402
-from sparktrain.task.probe import ProbeListener, probe  # noqa: E402
+from sparktrain.task.interface_probe import ProbeListener, probe  # noqa: E402
 from tests.fixtures.strangers import Strangers  # noqa: E402
 
 KEY = os.urandom(32)

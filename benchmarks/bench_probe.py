@@ -25,8 +25,8 @@ from collections.abc import Callable
 from instruments import require
 
 from sparktrain.layout.cluster import TaskInfo
+from sparktrain.task.interface_probe import ProbeListener, probe
 from sparktrain.task.netinfo import interface_addresses, name_address
-from sparktrain.task.probe import ProbeListener, probe
 
 
 def per_task() -> None:

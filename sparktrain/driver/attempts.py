@@ -49,7 +49,7 @@ from sparktrain.log import get_logger
 from sparktrain.rank_outcome import RankOutcome
 from sparktrain.shipping.payload import kept_result_name
 from sparktrain.task.assignment import TaskJob
-from sparktrain.task.connect import versions
+from sparktrain.task.connect_stage import versions
 from sparktrain.task.logs import attempt_folder
 
 _log = get_logger(__name__)

@@ -9,7 +9,7 @@ the first stage can wait.
 The rest is checked inside the session's first barrier stage, not by a job before it (which
 cost a job's round on every first call): each task compares the executors' Python and package
 versions with the client's, and whether it can open a connection to the client's channel
-(see :mod:`sparktrain.task.connect`). Versions that differ where pickles cross are refused,
+(see :mod:`sparktrain.task.connect_stage`). Versions that differ where pickles cross are refused,
 with what to change, rather than as an unpickling error in a rank; a task that cannot reach
 the client ends the stage before any rank starts, and the run starts again detached (results
 and failures through the Spark job), as do the session's later runs. Once a first stage has
@@ -26,7 +26,7 @@ from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.launch.connect import client_address
 from sparktrain.errors import CapacityError, ConfigurationError
 from sparktrain.log import get_logger
-from sparktrain.task.connect import check_in
+from sparktrain.task.connect_stage import check_in
 
 _log = get_logger(__name__)
 

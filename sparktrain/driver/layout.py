@@ -72,7 +72,7 @@ def plan_for(tasks: Sequence[TaskInfo], config: RunConfig) -> Layout:
 
 
 class InterfaceVote:
-    """What each host's prober reached, until all have said (see :mod:`sparktrain.task.probe`).
+    """What each host's prober reached, until all have said (see :mod:`sparktrain.task.interface_probe`).
 
     Args:
         layout: the job's layout (its probers and what each probes).

@@ -5,7 +5,7 @@ torch.distributed; :mod:`sparktrain.hvdcompat.autograd` makes the API's ``hvd.al
 Every collective first agrees with the other ranks on what it is about to run (see
 :mod:`sparktrain.hvdcompat.matching`), so inputs that do not fit together raise
 :class:`HorovodInternalError` on every rank before any data moves. Results follow Horovod's
-arithmetic (see :mod:`sparktrain.hvdcompat.wire`): ``op=Average`` sums the (prescaled)
+arithmetic (see :mod:`sparktrain.hvdcompat.dtypes`): ``op=Average`` sums the (prescaled)
 tensors and multiplies the sum by ``postscale_factor / size()``, as Horovod's backend does.
 """
 
@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 from sparktrain.hvdcompat.basics import _checked
+from sparktrain.hvdcompat.dtypes import check_scalable, for_moving, for_reduction, restore, scale
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.matching import Agreement, submit
 from sparktrain.hvdcompat.negotiate import Request
 from sparktrain.hvdcompat.process_sets import Scope, scope_of
-from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
 # Horovod's reduction ops (the values of horovod.torch.mpi_ops.Average etc.).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from sparktrain.hvdcompat import timeline
 from sparktrain.hvdcompat.basics import comm_device
+from sparktrain.hvdcompat.dtypes import for_reduction
 from sparktrain.hvdcompat.exceptions import HorovodInternalError
 from sparktrain.hvdcompat.handles import Handle
 from sparktrain.hvdcompat.negotiate import (
@@ -47,7 +48,6 @@ from sparktrain.hvdcompat.negotiate import (
     kind_of,
     numel_of,
 )
-from sparktrain.hvdcompat.wire import for_reduction
 
 # What a row's slot says a rank offers.
 _NONE, _PENDING, _CURRENT, _WAIT = 0, 1, 2, 3

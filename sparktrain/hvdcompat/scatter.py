@@ -23,12 +23,12 @@ from sparktrain.hvdcompat.collectives import (
     _finish_reduce,
     resolve_op,
 )
+from sparktrain.hvdcompat.dtypes import check_scalable, for_moving, for_reduction, restore, scale
 from sparktrain.hvdcompat.exceptions import HorovodInternalError, InvalidArgumentError
 from sparktrain.hvdcompat.handles import Handle, claim
 from sparktrain.hvdcompat.matching import Agreement, submit
 from sparktrain.hvdcompat.negotiate import Request
 from sparktrain.hvdcompat.process_sets import scope_of
-from sparktrain.hvdcompat.wire import check_scalable, for_moving, for_reduction, restore, scale
 
 
 def _splits_problem(tensor: torch.Tensor, splits: Any, n: int) -> tuple[list[int], str | None]:

@@ -1,6 +1,6 @@
 """A task's session: its link to the driver, its events, and what every rank process gets.
 
-Whoever creates the rank processes (:mod:`sparktrain.task.launchers`) works through this:
+Whoever creates the rank processes (:mod:`sparktrain.task.rank_launchers`) works through this:
 it sends to the driver, waits on :attr:`TaskSession.events` (exits of its processes, the
 driver's abort, and the peers of an MPI run) and builds each process's environment from
 :meth:`TaskSession.common_env`.
@@ -261,7 +261,7 @@ class TaskSession:
 
     def wait_for_interface(self) -> str | None:
         """Block until the driver names the network interface every rank talks over (after
-        every task's probes, see :mod:`sparktrain.task.probe`).
+        every task's probes, see :mod:`sparktrain.task.interface_probe`).
 
         Returns:
             Its name, or None when the run was stopped instead.

@@ -3,7 +3,7 @@
 The same steps serve a Spark barrier task (one rank per task, or one per GPU when a task holds
 several) and the local supervisor on the driver (all ranks of an ``np < 0`` run); only how
 the TaskInfos are gathered differs. Who then creates the rank processes is the run's
-:class:`~sparktrain.task.launchers.RankLauncher` (our own supervisor, or mpirun).
+:class:`~sparktrain.task.rank_launchers.RankLauncher` (our own supervisor, or mpirun).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from sparktrain.rank_outcome import RankOutcome
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.gpus import gpu_uuids
-from sparktrain.task.launchers import Exchange, RankLauncher, launcher_for, local_exchange
+from sparktrain.task.interface_probe import ProbeListener, settle_interface
 from sparktrain.task.netinfo import interface_addresses, name_address
-from sparktrain.task.probe import ProbeListener, settle_interface
+from sparktrain.task.rank_launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.result_upload import deliver
 from sparktrain.wire import protocol
 from sparktrain.wire.address import listen_address

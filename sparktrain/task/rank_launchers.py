@@ -7,7 +7,7 @@ up by the run's ``launcher`` setting, never branched on:
 
 * :class:`ProcessLauncher` (default): one ``python -m sparktrain.worker`` per rank of this
   task, started and watched here.
-* ``"mpi"``: :class:`sparktrain.task.mpi.launch.MpiLaunch`, mpirun on rank 0's task.
+* ``"mpi"``: :class:`sparktrain.task.mpi.mpi_launcher.MpiLauncher`, mpirun on rank 0's task.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from sparktrain.wire import protocol
 Exchange = Callable[[dict[str, str] | None], dict[str, str] | None]
 
 # launcher setting -> "module:Class"; modules are imported only when used.
-_REGISTRY: dict[str, str] = {"mpi": "sparktrain.task.mpi.launch:MpiLaunch"}
+_REGISTRY: dict[str, str] = {"mpi": "sparktrain.task.mpi.mpi_launcher:MpiLauncher"}
 
 
 def reserve_port() -> socket.socket:

@@ -8,7 +8,7 @@ import pytest
 from sparktrain import ConfigurationError, SparkRunner
 from sparktrain.driver import attempts
 from sparktrain.driver.launch import connect as connect_launch
-from sparktrain.task.connect import versions
+from sparktrain.task.connect_stage import versions
 
 pytestmark = pytest.mark.spark
 

@@ -9,7 +9,7 @@ import pytest
 
 from sparktrain.driver.connect_check import static_slots
 from sparktrain.errors import WorkerFailure
-from sparktrain.task.connect import FAILURE_END, FAILURE_MARK, failure_in, mismatches
+from sparktrain.task.connect_stage import FAILURE_END, FAILURE_MARK, failure_in, mismatches
 
 
 @pytest.mark.parametrize(
@@ -123,17 +123,17 @@ def test_the_plan_is_made_without_a_job_and_left_to_the_first_stage(setting, rea
 
 def first_stage_failed(found: dict) -> RuntimeError:
     """The error a Connect client gets when a first stage's task raised what it ``found``."""
-    from sparktrain.task import connect
+    from sparktrain.task import connect_stage
 
     with pytest.raises(RuntimeError) as info:
-        connect._raise_check(found)
+        connect_stage._raise_check(found)
     return RuntimeError(f"[TASK_FAILED] Job aborted ...\nPythonException: {info.value}\n")
 
 
 def test_a_version_the_executors_differ_in_is_refused_and_named_once():
     from sparktrain.driver.connect_check import stage_verdict
     from sparktrain.errors import ConfigurationError
-    from sparktrain.task.connect import versions
+    from sparktrain.task.connect_stage import versions
 
     line = f"torch: client {versions()['torch']}, executors 1.0.0"
     verdict = stage_verdict(first_stage_failed({"versions": [line, line]}))
@@ -197,7 +197,7 @@ def test_a_client_said_to_be_reachable_but_not_reached_is_an_error():
 
 def first_stage_task(job) -> Exception:
     """What a first stage's task raises, run here with a stand-in Arrow input."""
-    from sparktrain.task.connect import run_connect_task
+    from sparktrain.task.connect_stage import run_connect_task
 
     with pytest.raises(RuntimeError) as info:
         next(run_connect_task(job, iter([object()])))
@@ -213,7 +213,7 @@ def a_first_stage_job(channel: str, client_versions: dict):
 
 
 def test_a_task_whose_versions_differ_says_so_before_anything_starts():
-    from sparktrain.task.connect import check_in, versions
+    from sparktrain.task.connect_stage import check_in, versions
 
     claimed = versions() | {"cloudpickle": "0.0.1"}
     error = first_stage_task(a_first_stage_job("127.0.0.1:1", claimed))
@@ -226,7 +226,7 @@ def test_a_task_that_cannot_reach_the_client_says_so_at_once(where):
     import socket
     import time
 
-    from sparktrain.task.connect import REACH_TIMEOUT, check_in, versions
+    from sparktrain.task.connect_stage import REACH_TIMEOUT, check_in, versions
 
     if where == "refused":  # a port nothing listens on
         with socket.socket() as sock:

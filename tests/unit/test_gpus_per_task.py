@@ -20,7 +20,7 @@ from sparktrain.errors import CapacityError, ConfigurationError
 from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 from sparktrain.layout.rendezvous import view_of
 from sparktrain.task.assignment import TaskJob
-from sparktrain.task.connect import DetachedSession
+from sparktrain.task.connect_stage import DetachedSession
 from sparktrain.task.entry import share
 from tests.unit.test_capacity import FakeSc
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparktrain import contract
-from sparktrain.hvdcompat import SHIM_DIR, api, basics, fusion, wire
+from sparktrain.hvdcompat import SHIM_DIR, api, basics, dtypes, fusion
 
 
 def test_fp16_compression_round_trip() -> None:
@@ -155,33 +155,33 @@ def test_optimizer_parameter_names_as_horovod_names_them() -> None:
 
 def test_scaling_truncates_integers_toward_zero_as_horovod() -> None:
     ints = torch.tensor([-73, 73, -1, 5], dtype=torch.int32)
-    wire.scale(ints, 0.5)
+    dtypes.scale(ints, 0.5)
     assert ints.tolist() == [-36, 36, 0, 2]  # floor would give -37 and -1
     shorts = torch.tensor([-7, 7], dtype=torch.int16)
-    wire.scale(shorts, 1 / 3)
+    dtypes.scale(shorts, 1 / 3)
     assert shorts.dtype == torch.int16 and shorts.tolist() == [-2, 2]
     halves = torch.tensor([1.0, 3.0], dtype=torch.float16)
-    wire.scale(halves, 0.1)
+    dtypes.scale(halves, 0.1)
     # float32 products rounded to float16, as Horovod's CPU scaling of float16 does
     assert halves.tolist() == [0.0999755859375, 0.300048828125]
     same = torch.tensor([5])
-    wire.scale(same, 1.0)
+    dtypes.scale(same, 1.0)
     assert same.tolist() == [5]
-    wire.check_scalable(torch.bool, 1.0, 1.0)  # a plain sum of bools is fine
+    dtypes.check_scalable(torch.bool, 1.0, 1.0)  # a plain sum of bools is fine
     with pytest.raises(api.HorovodInternalError, match="bool tensors cannot be averaged"):
-        wire.check_scalable(torch.bool, 1.0, 0.5)
+        dtypes.check_scalable(torch.bool, 1.0, 0.5)
 
 
 def test_dtypes_gloo_lacks_travel_widened_or_as_float16_bits() -> None:
     shorts = torch.tensor([-300, 2], dtype=torch.int16)
-    widened = wire.for_reduction(shorts)
+    widened = dtypes.for_reduction(shorts)
     assert widened.dtype == torch.int32 and widened.tolist() == [-300, 2]
     floats = torch.ones(2)
-    assert wire.for_reduction(floats) is floats and wire.for_moving(floats) is floats
-    moved = wire.for_moving(shorts)
+    assert dtypes.for_reduction(floats) is floats and dtypes.for_moving(floats) is floats
+    moved = dtypes.for_moving(shorts)
     assert moved.dtype == torch.float16 and moved.data_ptr() == shorts.data_ptr()
-    assert wire.restore(moved, torch.int16).tolist() == [-300, 2]
-    assert wire.for_reduction(torch.tensor([True])).dtype == torch.int32
+    assert dtypes.restore(moved, torch.int16).tolist() == [-300, 2]
+    assert dtypes.for_reduction(torch.tensor([True])).dtype == torch.int32
 
 
 def test_process_sets_before_registration() -> None:

@@ -10,7 +10,7 @@ from sparktrain.config import RunConfig
 from sparktrain.errors import ConfigurationError
 from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 from sparktrain.layout.interfaces import candidates, choose_interface, missing_nics, with_interface
-from sparktrain.task.probe import ProbeListener, probe, reaches
+from sparktrain.task.interface_probe import ProbeListener, probe, reaches
 
 DECOY = ("docker0", ("198.19.0.1",))
 

@@ -25,7 +25,7 @@ from sparktrain.layout.cluster import TaskInfo, build_cluster_spec
 from sparktrain.shipping.payload import dump_call, load_result
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
-from sparktrain.task.mpi.launch import MpiRun, MpiTask
+from sparktrain.task.mpi.mpi_launcher import MpiRun, MpiTask
 from sparktrain.task.mpi.peers import PeerServer
 from tests.helpers import alive, wait_for, wait_gone
 

@@ -21,7 +21,7 @@ from sparktrain.layout.cluster import ClusterSpec, TaskInfo, build_cluster_spec,
 from sparktrain.layout.rendezvous import FRAME_BUDGET, GoAssembler, go_messages, plan, view_of
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
-from sparktrain.task.launchers import worker_env
+from sparktrain.task.rank_launchers import worker_env
 
 SHIM = {contract.HOROVOD_SHIM_ENV: "builtin"}
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from sparktrain.layout.cluster import TaskInfo
-from sparktrain.task import probe as probe_module
-from sparktrain.task.probe import ProbeListener, _answer, probe, reaches
+from sparktrain.task import interface_probe as probe_module
+from sparktrain.task.interface_probe import ProbeListener, _answer, probe, reaches
 from tests.fixtures.strangers import Strangers
 
 KEY = b"k" * 32

@@ -15,7 +15,7 @@ from sparktrain.errors import ConfigurationError
 from sparktrain.layout.cluster import ClusterSpec, TaskInfo, build_cluster_spec
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.driver_link import TaskSession
-from sparktrain.task.launchers import worker_env
+from sparktrain.task.rank_launchers import worker_env
 
 DEVICE_INDEX = "_SPARKTRAIN_DEVICE_INDEX"
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sparktrain import SparkRunner
-from sparktrain.task.launchers import reserve_port
+from sparktrain.task.rank_launchers import reserve_port
 
 # Binds the port in argv[1] on every interface the way most programs do (no SO_REUSEADDR),
 # listens, says what happened, and holds the port until it is killed.

@@ -28,7 +28,7 @@ from sparktrain.driver.channel import ChannelServer
 from sparktrain.shipping.payload import dump_call, load_result
 from sparktrain.task import zygote_client, zygotes
 from sparktrain.task.assignment import TaskJob
-from sparktrain.task.connect import DetachedSession
+from sparktrain.task.connect_stage import DetachedSession
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import RankProcess
 from sparktrain.wire import protocol
@@ -358,7 +358,7 @@ from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.task import zygote_client, zygotes
 from sparktrain.task.assignment import TaskJob
-from sparktrain.task.connect import DetachedSession
+from sparktrain.task.connect_stage import DetachedSession
 from sparktrain.task.driver_link import TaskSession
 from sparktrain.task.process import RankProcess
 from sparktrain.wire import protocol

@@ -21,7 +21,7 @@ from sparktrain.driver.launch.stage import FailedTask, describe_spark_error, fai
 from sparktrain.errors import PayloadError, WorkerFailure
 from sparktrain.rank_outcome import RankStatus
 from sparktrain.task.assignment import TaskJob
-from sparktrain.task.connect import RECORD_COLUMN, failure_in, record_schema, run_connect_task
+from sparktrain.task.connect_stage import RECORD_COLUMN, failure_in, record_schema, run_connect_task
 
 Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
 

@@ -1,6 +1,6 @@
 """``launcher="mpi"``: mpirun on rank 0's task creates every rank, no SSH needed.
 
-* :mod:`~sparktrain.task.mpi.launch` — the task's side of the launcher seam: one event loop
+* :mod:`~sparktrain.task.mpi.mpi_launcher` — the task's side of the launcher seam: one event loop
   that plays this task's roles;
 * :mod:`~sparktrain.task.mpi.mpirun` — the launcher role (rank 0's task runs mpirun and
   builds every rank's record);

@@ -1,6 +1,6 @@
 """The mpirun command line, and reading its output back: pure functions, no processes.
 
-The unit tests cover these with tables; the processes are :mod:`sparktrain.task.mpi.launch`'s.
+The unit tests cover these with tables; the processes are :mod:`sparktrain.task.mpi.mpi_launcher`'s.
 
 How ranks line up: ``-H host0:n0,host1:n1,... -map-by slot`` fills hosts in list order, so
 ``OMPI_COMM_WORLD_RANK`` follows the ClusterSpec (ranks contiguous per host, hosts in

@@ -29,20 +29,20 @@ from sparktrain.backends.base import Backend
 from sparktrain.layout.cluster import ClusterSpec
 from sparktrain.rank_outcome import RankOutcome
 from sparktrain.task.driver_link import TaskSession
-from sparktrain.task.launchers import Exchange, RankLauncher
 from sparktrain.task.mpi import command
 from sparktrain.task.mpi.hosts import LAUNCHER_LINK, HostDaemons, LauncherLink
 from sparktrain.task.mpi.mpirun import MPIRUN, Mpirun
 from sparktrain.task.mpi.peers import PeerServer
 from sparktrain.task.mpi.run import LAUNCHER_SLACK, MpiRun
 from sparktrain.task.process import RankProcess, stop_all
+from sparktrain.task.rank_launchers import Exchange, RankLauncher
 from sparktrain.wire import protocol
 
 if TYPE_CHECKING:
     pass
 
 
-class MpiLaunch(RankLauncher):
+class MpiLauncher(RankLauncher):
     """mpirun creates the ranks: the launcher seam's MPI side (see the module docstring).
 
     The peer server starts with the launcher, so its port is what the task offers at

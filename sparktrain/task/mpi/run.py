@@ -2,7 +2,7 @@
 start mpirun or a daemon under its guard, and how to stop or reap the ranks it started. The
 launcher (:mod:`~sparktrain.task.mpi.mpirun`), the host daemons
 (:mod:`~sparktrain.task.mpi.hosts`) and the loop that plays a task's roles
-(:mod:`~sparktrain.task.mpi.launch`) all take one."""
+(:mod:`~sparktrain.task.mpi.mpi_launcher`) all take one."""
 
 from __future__ import annotations
 
