@@ -264,3 +264,61 @@ def test_another_account_cannot_reach_the_socket(tmp: Path, other: Any) -> None:
             check=False,
         )
     assert probe.stdout.strip() == "PermissionError", probe.stderr
+
+
+def feed_then_die(parent: str, addresses: Any) -> None:
+    """A task that sends two batches and is then SIGKILLed mid-stream."""
+
+    def source() -> Iterator[pa.RecordBatch]:
+        yield batch(0, 1)
+        yield batch(1, 1)
+        os.kill(os.getpid(), signal.SIGKILL)
+        yield batch(2, 1)
+
+    with Feeder(1, KEY, parent=parent) as feeder:
+        addresses.put(feeder.address)
+        feeder.feed(source())
+
+
+def test_a_task_killed_mid_stream_stops_its_rank_and_its_folder_is_swept(
+    tmp_path: Path,
+) -> None:
+    addresses = CTX.Queue()
+    task = start(feed_then_die, str(tmp_path), addresses)
+    address = addresses.get(timeout=60)
+    got: list[int] = []
+    with pytest.raises(StreamError, match="stream ended before its end.*failed or was cancelled"):
+        with RankStream(address, 0, 1, key=KEY, local_dir=tmp_path) as loader:
+            for b in loader:
+                got += b["id"].tolist()
+    task.join(60)
+    assert task.exitcode == -signal.SIGKILL
+    assert got == [0, 1]
+    dead = Path(address).parent
+    assert dead.is_dir()  # a SIGKILLed task removes nothing itself
+    with Feeder(1, KEY, parent=tmp_path) as feeder:
+        assert not dead.exists()
+        assert os.listdir(feeder.folder.parent) == [feeder.folder.name]
+
+
+def test_a_rank_that_never_connects_is_named_and_the_others_told(tmp_path: Path) -> None:
+    out = CTX.Queue()
+    with Feeder(2, KEY, parent=tmp_path, accept_timeout=1.0) as feeder:
+        rank = start(read_all, feeder.address, 0, out, str(tmp_path))
+        with pytest.raises(StreamError, match="local rank 1 did not connect") as caught:
+            feeder.feed(iter([batch(0, 1)]))
+    assert out.get(timeout=60) == ("error", str(caught.value))
+    rank.join(60)
+
+
+def test_a_socket_path_longer_than_a_socket_name_still_works(tmp_path: Path) -> None:
+    parent = tmp_path / ("x" * 120)
+    parent.mkdir()
+    out = CTX.Queue()
+    with Feeder(1, KEY, parent=parent) as feeder:
+        assert len(feeder.address) > protocol.MAX_SOCKET_PATH
+        rank = start(read_all, feeder.address, 0, out, str(tmp_path))
+        feeder.feed(iter([batch(0, 2)]))
+    assert out.get(timeout=60) == ("ok", [0, 1])
+    rank.join(60)
+    assert os.listdir(parent / f"sparktrain-{os.getuid()}" / "streams") == []

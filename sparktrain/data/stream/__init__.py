@@ -8,8 +8,12 @@ What is streamed, and how
     A task holds an iterator of ``pyarrow.RecordBatch`` from its partition (``mapInArrow(...,
     barrier=True)`` or ``rdd.barrier().mapPartitions`` over Arrow batches). A
     :class:`Feeder` opens a Unix socket in a fresh 0700 folder inside this user's private
-    folder (:mod:`sparktrain.private_dir`: ``<TMPDIR>/sparktrain-<uid>/streams/feed-XXXX/``),
-    and the task's ``k`` local ranks each connect with a :class:`RankStream`. Batch ``i`` of
+    folder (:mod:`sparktrain.private_dir`:
+    ``<TMPDIR>/sparktrain-<uid>/streams/feed-<pid>-XXXX/feed.sock``; a path too long for a
+    socket's name is reached through a descriptor of its folder), and the task's ``k`` local
+    ranks each connect with a :class:`RankStream`. The folder is locked by the feeder while it
+    lives and removed when it ends; a task killed before that leaves it to the next feeder's
+    sweep on the host (:mod:`.folders`). Batch ``i`` of
     the partition goes to local rank ``i % k`` (round-robin by batch: which rank gets which
     rows depends only on the partition, not on timing). Each batch travels as one Arrow IPC
     record-batch message (``RecordBatch.serialize()``) after a schema message, and is read
@@ -41,7 +45,8 @@ Epochs after the first
     ``<local_dir>/sparktrain-<uid>/stream-spills/spill-<pid>-XXXX/`` (``local_dir``: Spark's
     local dir on an executor, never shared storage), removed when the loader closes. A rank
     killed before it closes leaves the folder with its lock free; the next spill on the host
-    removes it (:func:`sweep`), telling the dead from the living by the lock, not by pid. A
+    removes it (:func:`sweep`), telling the dead from the living by the lock, not by pid
+    (pid namespaces and reused pids cannot fool it). A
     full disk is an error naming the folder and the bytes needed.
 
 Shuffle

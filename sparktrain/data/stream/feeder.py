@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import struct
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -22,10 +21,11 @@ from types import TracebackType
 import pyarrow as pa
 
 from sparktrain import private_dir
-from sparktrain.data.stream import protocol
+from sparktrain.data.stream import folders, protocol
 from sparktrain.data.stream.protocol import StreamError
 
 STREAMS = "streams"
+PREFIX = "feed-"
 SOCKET_NAME = "feed.sock"
 _HANDSHAKE_TIMEOUT = 30.0
 
@@ -85,6 +85,7 @@ class Feeder:
         )
         self._on_wait = on_wait
         self._folder: Path | None = None
+        self._lock = -1
         self._server: socket.socket | None = None
         self._conns: list[socket.socket | None] = [None] * ranks
         self.unread = [0] * ranks
@@ -103,11 +104,13 @@ class Feeder:
 
     def __enter__(self) -> Feeder:
         base = private_dir.usable_folder(STREAMS, self._parent)
-        self._folder = Path(tempfile.mkdtemp(prefix="feed-", dir=base))
+        folders.sweep(base, PREFIX)
+        self._folder, self._lock = folders.make_locked(base, PREFIX)
         try:
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._server = server
-            server.bind(self.address)
+            with protocol.reachable(self.address) as name:
+                server.bind(name)
             server.listen(self.ranks)
         except BaseException:
             self.close()
@@ -134,6 +137,9 @@ class Feeder:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     def feed(self, batches: Iterable[pa.RecordBatch]) -> FeedStats:
         """Accept the ranks, send them ``batches`` round-robin, then the end of the stream.
@@ -143,11 +149,11 @@ class Feeder:
                 was killed); the other ranks are told, so they stop instead of waiting.
             Exception: whatever ``batches`` raised, after the ranks were told its message.
         """
-        self._accept_all()
         stats = FeedStats([0] * self.ranks, [0] * self.ranks)
         schemas: list[pa.Schema | None] = [None] * self.ranks
         index = 0
         try:
+            self._accept_all()
             for batch in batches:
                 rank = index % self.ranks
                 index += 1

@@ -96,7 +96,8 @@ class RankStream:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock = sock
             sock.settimeout(self._timeout)
-            sock.connect(self.address)
+            with protocol.reachable(self.address) as name:
+                sock.connect(name)
             protocol.greet_feeder(sock, self._key, self.index)
             sock.settimeout(None)
         except (OSError, EOFError) as exc:

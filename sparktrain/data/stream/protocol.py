@@ -18,11 +18,13 @@ by the MAC, so a recorded answer cannot be replayed (the nonces are fresh).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
 from sparktrain.errors import SparkTrainError
 
@@ -118,3 +120,37 @@ def greet_feeder(sock: socket.socket, key: bytes, index: int) -> None:
     sock.sendall(_ANSWER.pack(index, ours, _mac(key, b"rank", theirs, packed, ours)))
     if not hmac.compare_digest(bytes(recv_exact(sock, 32)), _mac(key, b"feeder", ours, theirs)):
         raise StreamError("the stream's feeder did not prove the run's key")
+
+
+# sun_path holds 108 bytes on Linux (104 on macOS), with the terminating NUL.
+MAX_SOCKET_PATH = 103
+
+
+@contextlib.contextmanager
+def reachable(path: str) -> Iterator[str]:
+    """A name by which ``bind``/``connect`` reach the socket ``path``, however long it is.
+
+    Spark's local dirs and test folders make paths longer than a Unix socket's name may be.
+    Then, on Linux, the socket is reached through an ``O_PATH`` descriptor of its folder
+    (``/proc/self/fd/N/name``): the same folder and the same permission checks (the caller
+    must be able to reach the folder to open it), only a shorter name.
+
+    Raises:
+        StreamError: the path is too long and the system has no ``/proc/self/fd``.
+    """
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        yield path
+        return
+    folder, name = os.path.split(path)
+    o_path = getattr(os, "O_PATH", None)
+    if o_path is None or not os.path.isdir("/proc/self/fd"):
+        raise StreamError(
+            f"the stream's socket path {path} is longer than a Unix socket allows "
+            f"({MAX_SOCKET_PATH} bytes); point TMPDIR (or the feeder's parent) at a folder "
+            f"with a shorter path"
+        )
+    fd = os.open(folder, o_path | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)

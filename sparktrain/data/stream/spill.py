@@ -3,22 +3,17 @@
 The spill is an Arrow IPC file (``epoch.arrow``) of the batches exactly as they arrived, in a
 folder of its own under ``<local_dir>/sparktrain-<uid>/stream-spills/`` (the private folder's
 rules: 0700, checked with ``lstat``, files created with ``O_EXCL | O_NOFOLLOW``). The folder
-holds a lock file that its owner keeps ``flock``-ed while it lives; it is removed when the
-loader closes, and a process that died without closing (SIGKILL, OOM) leaves a folder whose
-lock anyone can take: :func:`sweep` (run by every new spill) removes exactly those. A lock,
-not a pid, tells the living from the dead, so pid namespaces and reused pids cannot fool it.
+is locked by its owner while it lives (:mod:`.folders`); it is removed when the loader closes,
+and a process that died without closing (SIGKILL, OOM) leaves a folder whose lock anyone can
+take: :func:`sweep` (run by every new spill) removes exactly those.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import shutil
-import stat
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -26,19 +21,12 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from sparktrain import private_dir
+from sparktrain.data.stream import folders
 from sparktrain.data.stream.protocol import StreamError
-from sparktrain.log import get_logger
-
-_log = get_logger(__name__)
 
 SPILLS = "stream-spills"
-LOCK_FILE = ".owner.lock"
 FILE_NAME = "epoch.arrow"
-_STAGING = ".new-"
-_PREFIX = "spill-"
-# A folder still under its staging name is being made (microseconds); left alone this long.
-STAGING_GRACE = 60.0
-_LOCK_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+PREFIX = "spill-"
 
 
 class Spill:
@@ -52,18 +40,7 @@ class Spill:
     def __init__(self, local_dir: str | Path | None = None) -> None:
         base = private_dir.usable_folder(SPILLS, local_dir)
         sweep(base)
-        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{_PREFIX}{os.getpid()}-", dir=base))
-        self._lock = -1
-        try:
-            self._lock = os.open(staging / LOCK_FILE, private_dir.EXCLUSIVE, 0o600)
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self.folder = base / staging.name[len(_STAGING) :]
-            os.rename(staging, self.folder)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            if self._lock >= 0:
-                os.close(self._lock)
-            raise
+        self.folder, self._lock = folders.make_locked(base, PREFIX)
         self.path = self.folder / FILE_NAME
         self._file: BinaryIO | None = None
         self._writer: pa.RecordBatchFileWriter | None = None
@@ -134,42 +111,5 @@ class Spill:
 
 
 def sweep(base: Path) -> list[Path]:
-    """Remove the spills in ``base`` whose owner is gone (their lock is free); never raises.
-
-    Returns:
-        The folders removed.
-    """
-    removed: list[Path] = []
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return removed
-    for name in names:
-        path = base / name
-        try:
-            if _dead(path, name):
-                shutil.rmtree(path)
-                removed.append(path)
-        except OSError as exc:
-            _log.debug("left the spill %s: %s", path, exc)
-    if removed:
-        _log.info("removed %d spill(s) of ended processes in %s", len(removed), base)
-    return removed
-
-
-def _dead(path: Path, name: str) -> bool:
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        return False
-    if name.startswith(_STAGING + _PREFIX):
-        return time.time() - info.st_mtime > STAGING_GRACE
-    if not name.startswith(_PREFIX):
-        return False
-    fd = os.open(path / LOCK_FILE, _LOCK_READ)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False  # its owner holds it: alive
-    finally:
-        os.close(fd)
-    return True
+    """Remove the spills in ``base`` whose owner is gone (see :func:`.folders.sweep`)."""
+    return folders.sweep(base, PREFIX)
