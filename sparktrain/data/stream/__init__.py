@@ -59,7 +59,11 @@ Failures
     A rank that dies (SIGKILL included) is seen by the feeder as a closed connection: it
     raises :class:`StreamError` naming that rank, tells the other ranks (who raise the same
     message instead of waiting), and removes its folder. An input that raises (a failing
-    Spark expression) is told to the ranks with its message, then re-raised in the task.
+    Spark expression) is told to the ranks with its message, then re-raised in the task. A
+    task that dies closes its sockets, so its ranks raise instead of waiting. Waits for the
+    ranks to connect and for the handshake are bounded (``accept_timeout``,
+    ``connect_timeout``); waits for the next batch or the next credit are not, as computing a
+    partition or a training step may take any time: the peer's death, not a clock, ends them.
 
 Driver side (``np < 0``)
     :func:`dataframe_batches` reads a DataFrame a partition at a time with

@@ -220,7 +220,8 @@ class Feeder:
                 raise self._gone(rank, exc) from exc
             if not got:
                 raise self._gone(rank, None)
-            self.unread[rank] -= got.count(protocol.CREDIT)
+            # Never below zero: a peer's extra credits cannot buy it an unbounded stream.
+            self.unread[rank] = max(0, self.unread[rank] - got.count(protocol.CREDIT))
 
     def _send(self, rank: int, kind: bytes, payload: pa.Buffer | bytes = b"") -> None:
         try:

@@ -84,12 +84,13 @@ class Spill:
         self.complete = True
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """The spilled batches, in the order they arrived (memory-mapped, read lazily)."""
+        """The spilled batches, in the order they arrived, read one at a time (not memory-mapped:
+        a mapped file's pages would count in the rank's resident memory as it reads on)."""
         if not self.complete:
             raise StreamError("the first epoch was not read to its end, so it has no spill")
         if self.rows == 0 and not self.path.exists():
             return
-        with pa.memory_map(str(self.path)) as source:
+        with pa.OSFile(str(self.path), "rb") as source:
             reader = pa.ipc.open_file(source)
             for i in range(reader.num_record_batches):
                 yield reader.get_batch(i)
