@@ -1,9 +1,11 @@
 """An elastic run (np=(2, 4)) loses a host mid-epoch, goes on at 2 ranks while the host stays
 down, and grows back to 4 at a checkpoint once the host's Worker is back.
 
-The loop trains on the DataFrame loader (its cache on a folder every host mounts) and
-checkpoints the model and the loader's place to the tier's S3 after every step; its model
-counts each row's training per epoch (tests/fixtures/row_counting.py). Whatever the sizes, every row of every epoch is
+The loop trains an FSDP model (sharded across the ranks) on the DataFrame loader (its cache on
+a folder every host mounts) and saves sharded checkpoints (``save(..., sharded=True)``: each
+rank its shards, with the loader's place) to the tier's S3 after every step, each attempt
+loading them at its own size (4, 2, then 4 again); its model counts each row's training per
+epoch (tests/fixtures/row_counting.py). Whatever the sizes, every row of every epoch is
 trained on exactly once, which both the ranks' records of their steps and the final model
 show. The cluster is whole again afterwards, for the tier's other tests.
 """
@@ -68,6 +70,7 @@ def test_lost_host_shrinks_to_two_then_grows_back_with_every_row_once(
         kill_after=KILL_AFTER,
         full=FULL,
         back_url=back_url,
+        sharded=True,
     )
     killed = restarted = False
     try:
@@ -116,6 +119,15 @@ def test_lost_host_shrinks_to_two_then_grows_back_with_every_row_once(
     assert "returns no value" not in caplog.text
 
     fs = cluster_s3.fs()
+    # The checkpoints are sharded ones: a folder of every rank's shards per step, each with
+    # DCP's metadata, its loader state and a commit marker that says so.
+    saved = [p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/ckpt", detail=False)]
+    folders = [name for name in saved if name.endswith(".dcp")]
+    assert folders and all(f"{name.split('.')[0]}.commit.json" in saved for name in folders)
+    newest = max(folders)
+    assert {".metadata", "loader.json"} <= {
+        p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/ckpt/{newest}", detail=False)
+    }
     steps = row_counting.read_steps(fs, f"{bucket}/rows")
     # Attempt 0 waited at the kill point right after its checkpoint: nothing of it was lost.
     assert steps.resumed == {0: 0, 1: KILL_AFTER, 2: steps.resumed[2]}
