@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -180,11 +181,13 @@ class Feeder:
         server = self._server
         if server is None:
             raise StreamError("the feeder is not open: use it in a with block")
-        server.settimeout(self._accept_timeout)
+        deadline = time.monotonic() + self._accept_timeout
         while any(conn is None for conn in self._conns):
             try:
+                # One deadline for all: a stray connection does not extend the wait.
+                server.settimeout(max(0.0, deadline - time.monotonic()))
                 conn, _ = server.accept()
-            except TimeoutError as exc:
+            except (TimeoutError, BlockingIOError) as exc:
                 missing = [self._names[i] for i, c in enumerate(self._conns) if c is None]
                 raise StreamError(
                     f"{', '.join(missing)} did not connect to the task's stream within "
