@@ -13,9 +13,10 @@ What is streamed, and how
     socket's name is reached through a descriptor of its folder), and the task's ``k`` local
     ranks each connect with a :class:`RankStream`. The folder is locked by the feeder while it
     lives and removed when it ends; a task killed before that leaves it to the next feeder's
-    sweep on the host (:mod:`.folders`). Batch ``i`` of
-    the partition goes to local rank ``i % k`` (round-robin by batch: which rank gets which
-    rows depends only on the partition, not on timing). Each batch travels as one Arrow IPC
+    sweep on the host (:mod:`.folders`). Batch ``i`` of the partition goes to local rank
+    ``i % k`` (round-robin by batch: which rank gets which rows depends only on the
+    partition, not on timing; the cost is that the feeder waits on the slowest rank, which
+    the ranks' collectives make them anyway). Each batch travels as one Arrow IPC
     record-batch message (``RecordBatch.serialize()``) after a schema message, and is read
     back on the rank as a view of the received bytes: no row is pickled or converted.
 
@@ -31,9 +32,9 @@ Bounds
     Flow control is by credit: a rank returns one credit byte for each batch it takes off the
     socket, and the feeder sends a rank at most ``window`` (default 2) batches it has not
     taken. So the task holds the one batch in hand plus at most ``window`` per rank in the
-    sockets, and a rank holds at most ``window`` batches unread, plus its shuffle buffer
-    (``2 * shuffle_buffer`` rows at most) and the rows of one batch being cut, whatever the
-    partition's size. A rank that does not read stops the feeder (and so Spark's reading of
+    sockets, and a rank holds at most ``window`` batches unread and the one it decodes, plus
+    its shuffle buffer (``2 * shuffle_buffer`` rows at most) and the rows of one batch being
+    cut, whatever the partition's size; later epochs read the spill a batch at a time. A rank that does not read stops the feeder (and so Spark's reading of
     the partition): backpressure, not buffering. The first batch reaches a rank as soon as
     the partition's first batch exists.
 
