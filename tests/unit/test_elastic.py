@@ -307,7 +307,7 @@ def test_shrinks_after_a_loss_grows_back_and_a_resize_is_not_a_restart(monkeypat
     assert "restart 1/1 after: rank 3" in record.attempts[1].size_reason
     assert record.attempts[2].size_reason == record.attempts[1].cause
     # What each attempt's tasks were given: its size, and the size before it.
-    assert [TaskJob.run_config.fget(j).world_size for j in jobs] == [4, 2, 4]  # type: ignore[attr-defined]
+    assert [j.run_config.world_size for j in jobs] == [4, 2, 4]
     assert [j.previous_world_size for j in jobs] == [4, 4, 2]
     assert [j.attempt for j in jobs] == [0, 1, 2]
     assert cluster.waits == []  # never waited: each size fitted when it was chosen
