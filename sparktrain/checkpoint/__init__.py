@@ -36,7 +36,6 @@ import json
 import os
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
@@ -46,6 +45,7 @@ from sparktrain.checkpoint._errors import (
     CheckpointError,
     CheckpointOwnershipError,
     CheckpointWarning,
+    warn,
 )
 from sparktrain.checkpoint._integrity import Unusable, verify
 from sparktrain.checkpoint._owner import OWNER_FILE as OWNER_FILE  # public, not in __all__
@@ -338,20 +338,12 @@ def _pick(store: _Store, load: Callable[[str], Any]) -> Checkpoint | None:
         if found is not None or not any(exc.vanished for exc in skipped.values()):
             break
     for step, exc in sorted(skipped.items(), reverse=True):
-        warnings.warn(
-            f"skipping checkpoint {store.url(marker_name(step))}: {exc}",
-            CheckpointWarning,
-            stacklevel=3,
-        )
+        warn(f"skipping checkpoint {store.url(marker_name(step))}: {exc}")
     newest = -1 if found is None else found.step
     for name in sorted(names):
         data_step = layout.written_step(name)
         if data_step is not None and data_step > newest and data_step not in skipped:
-            warnings.warn(
-                f"ignoring {store.url(name)}: it has no commit marker (its save was interrupted)",
-                CheckpointWarning,
-                stacklevel=3,
-            )
+            warn(f"ignoring {store.url(name)}: it has no commit marker (its save was interrupted)")
     return found
 
 

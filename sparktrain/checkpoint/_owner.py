@@ -11,11 +11,10 @@ import json
 import os
 import socket
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from sparktrain.checkpoint._errors import CheckpointOwnershipError, CheckpointWarning
+from sparktrain.checkpoint._errors import CheckpointOwnershipError, warn
 from sparktrain.checkpoint._store import _Store
 from sparktrain.log import get_logger
 from sparktrain.worker.context import RUN_ID_ENV
@@ -53,11 +52,9 @@ def claim(store: _Store, me: dict[str, Any], take_over: bool) -> None:
         if take_over:  # asked for: said in the log, not as a warning to wonder about
             _log.info("taking over %s from %s (take_over=True)", store.where, _describe(owner))
         else:
-            warnings.warn(
+            warn(
                 f"taking over {store.where} from {_describe(owner)} (its process is gone; "
-                "pass take_over=True to say that this run continues it)",
-                CheckpointWarning,
-                stacklevel=4,  # claim, _save, save, save's caller
+                "pass take_over=True to say that this run continues it)"
             )
     same = owner is not None and all(owner.get(k) == me[k] for k in ("run_id", "host", "pid"))
     if not same:  # first save of this run, or a restarted attempt of it on another process
@@ -82,9 +79,7 @@ def _read(store: _Store) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        warnings.warn(  # stacklevel: _read, claim or recheck, _save, save, save's caller
-            f"ignoring unreadable {store.url(OWNER_FILE)}: {exc}", CheckpointWarning, stacklevel=5
-        )
+        warn(f"ignoring unreadable {store.url(OWNER_FILE)}: {exc}")
         return None
     return owner if isinstance(owner, dict) and "run_id" in owner else None
 

@@ -6,15 +6,10 @@ Retention counts intact checkpoints only, checked as :func:`load_latest` checks 
 
 from __future__ import annotations
 
-import warnings
-
 from sparktrain.checkpoint import layout
-from sparktrain.checkpoint._errors import CheckpointWarning
+from sparktrain.checkpoint._errors import warn
 from sparktrain.checkpoint._integrity import Unusable, verify
 from sparktrain.checkpoint._store import _Store
-
-# warnings.warn in tidy → _save → save → save's caller
-_STACKLEVEL = 4
 
 
 def tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
@@ -83,18 +78,12 @@ def tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
         if keep_last is not None:
             held = f", so this save deleted no checkpoint (keep_last={keep_last} applies again "
             held += "at the next save)"
-        warnings.warn(
-            f"could not check {_listing(unreadable)} in {store.where}{held}; {returns}",
-            CheckpointWarning,
-            stacklevel=_STACKLEVEL,
-        )
+        warn(f"could not check {_listing(unreadable)} in {store.where}{held}; {returns}")
     if damaged:
         done = "deleted them" if prune else "left them in place"
-        warnings.warn(
+        warn(
             f"{store.where} holds damaged checkpoints, which keep_last does not count: "
-            f"{_listing(damaged)}; this save {done}; {returns}",
-            CheckpointWarning,
-            stacklevel=_STACKLEVEL,
+            f"{_listing(damaged)}; this save {done}; {returns}"
         )
     newer = [s for s in sorted(markers) if s > step and s not in damaged]
     if newer:
@@ -106,9 +95,7 @@ def tidy(store: _Store, step: int, data: str, keep_last: int | None) -> None:
         if gone:
             parts.append(f"keep_last={keep_last} deleted its newer step(s) {gone}")
         advice = "; delete those or save higher steps" if left else ""
-        warnings.warn(
-            f"{', '.join(parts)}: {returns}{advice}", CheckpointWarning, stacklevel=_STACKLEVEL
-        )
+        warn(f"{', '.join(parts)}: {returns}{advice}")
 
 
 def _listing(problems: dict[int, Unusable]) -> str:
