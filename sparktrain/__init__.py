@@ -8,10 +8,11 @@ Example:
 Where the code runs (each folder is a boundary; a module imports only from its own layer or
 the ones above it in this list, which ``tests/unit/test_layers.py`` checks):
 
-- ``contract``, ``errors``, ``log``, ``stacks``, ``units``, ``private_dir``,
+- ``contract``, ``errors``, ``log``, ``stacks``, ``units``, ``private_dir``, ``locked_dirs``,
   ``rank_outcome``: leaves every process shares (the names that cross a process boundary, the
   error tree, logging, reading a rank's stack dump, durations and sizes, the user's private
-  folder on a host, how a rank ended as its task tells the driver);
+  folder on a host and the per-process folders in it that the next process sweeps once their
+  owner is gone, how a rank ended as its task tells the driver);
 - ``wire/``: the authenticated frames, the one frame server, where it listens, and every
   message kind;
 - ``config/``, ``layout/``, ``shipping/``: a run's settings, its layout (and the part of it

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "stacks",
         "units",
         "private_dir",
+        "locked_dirs",
         "rank_outcome",
     ),  # leaves: names, errors, ...
     ("wire",),  # frames, the frame server, the protocol

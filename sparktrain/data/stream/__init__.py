@@ -13,8 +13,8 @@ What is streamed, and how
     socket's name is reached through a descriptor of its folder), and the task's ``k`` local
     ranks each connect with a :class:`RankStream`. The folder is locked by the feeder while it
     lives and removed when it ends; a task killed before that leaves it to the next feeder's
-    sweep on the host (:mod:`.folders`). Batch ``i`` of the partition goes to local rank
-    ``i % k`` (round-robin by batch: which rank gets which rows depends only on the
+    sweep on the host (:mod:`sparktrain.locked_dirs`). Batch ``i`` of the partition goes to
+    local rank ``i % k`` (round-robin by batch: which rank gets which rows depends only on the
     partition, not on timing; the cost is that the feeder waits on the slowest rank, which
     the ranks' collectives make them anyway). Each batch travels as one Arrow IPC
     record-batch message (``RecordBatch.serialize()``) after a schema message, and is read

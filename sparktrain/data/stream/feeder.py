@@ -21,8 +21,8 @@ from types import TracebackType
 
 import pyarrow as pa
 
-from sparktrain import private_dir
-from sparktrain.data.stream import folders, protocol
+from sparktrain import locked_dirs, private_dir
+from sparktrain.data.stream import protocol
 from sparktrain.data.stream.protocol import StreamError
 
 STREAMS = "streams"
@@ -105,8 +105,8 @@ class Feeder:
 
     def __enter__(self) -> Feeder:
         base = private_dir.usable_folder(STREAMS, self._parent)
-        folders.sweep(base, PREFIX)
-        self._folder, self._lock = folders.make_locked(base, PREFIX)
+        locked_dirs.sweep(base, PREFIX, "stream folders")
+        self._folder, self._lock = locked_dirs.make_locked(base, PREFIX)
         try:
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._server = server

@@ -3,9 +3,9 @@
 The spill is an Arrow IPC file (``epoch.arrow``) of the batches exactly as they arrived, in a
 folder of its own under ``<local_dir>/sparktrain-<uid>/stream-spills/`` (the private folder's
 rules: 0700, checked with ``lstat``, files created with ``O_EXCL | O_NOFOLLOW``). The folder
-is locked by its owner while it lives (:mod:`.folders`); it is removed when the loader closes,
-and a process that died without closing (SIGKILL, OOM) leaves a folder whose lock anyone can
-take: :func:`sweep` (run by every new spill) removes exactly those.
+is locked by its owner while it lives (:mod:`sparktrain.locked_dirs`); it is removed when the
+loader closes, and a process that died without closing (SIGKILL, OOM) leaves a folder whose
+lock anyone can take: :func:`sweep` (run by every new spill) removes exactly those.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
-from sparktrain import private_dir
-from sparktrain.data.stream import folders
+from sparktrain import locked_dirs, private_dir
 from sparktrain.data.stream.protocol import StreamError
 
 SPILLS = "stream-spills"
@@ -40,7 +39,7 @@ class Spill:
     def __init__(self, local_dir: str | Path | None = None) -> None:
         base = private_dir.usable_folder(SPILLS, local_dir)
         sweep(base)
-        self.folder, self._lock = folders.make_locked(base, PREFIX)
+        self.folder, self._lock = locked_dirs.make_locked(base, PREFIX)
         self.path = self.folder / FILE_NAME
         self._file: BinaryIO | None = None
         self._writer: pa.RecordBatchFileWriter | None = None
@@ -112,5 +111,6 @@ class Spill:
 
 
 def sweep(base: Path) -> list[Path]:
-    """Remove the spills in ``base`` whose owner is gone (see :func:`.folders.sweep`)."""
-    return folders.sweep(base, PREFIX)
+    """Remove the spills in ``base`` whose owner is gone (see
+    :func:`sparktrain.locked_dirs.sweep`)."""
+    return locked_dirs.sweep(base, PREFIX, "spills")
