@@ -62,6 +62,11 @@ GRACE_ENV = "_SPARKTRAIN_GRACE"
 # ``host:port`` of the driver's channel, and the run's key (hex) to authenticate to it.
 CHANNEL_ENV = "_SPARKTRAIN_CHANNEL"
 KEY_ENV = "_SPARKTRAIN_KEY"
+# A run given a DataFrame (``sparktrain.data.from_dataframe``): the task's stream socket, this
+# rank's index among the ranks it feeds, and where the rank may spill (a local folder).
+STREAM_ENV = "_SPARKTRAIN_STREAM"
+STREAM_INDEX_ENV = "_SPARKTRAIN_STREAM_INDEX"
+STREAM_DIR_ENV = "_SPARKTRAIN_STREAM_DIR"
 # Same for every attempt of one run (checkpoint ownership relies on it).
 RUN_ID_ENV = "_SPARKTRAIN_RUN_ID"
 # Which launch of the run this is: 0, then one more per restart.

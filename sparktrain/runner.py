@@ -14,6 +14,7 @@ from sparktrain.config import RunConfig, conf_keys
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.connect_check import ConnectPlan, plan_connect
+from sparktrain.driver.frame_input import frame_source, stage_frame
 from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
 from sparktrain.driver.inflight import expect, forget
 from sparktrain.driver.interrupt import plain_ctrl_c
@@ -235,10 +236,12 @@ class SparkRunner:
             fn = run_script
         else:
             check_call(fn, args, kwargs)
+        source = frame_source(args, kwargs)  # a DataFrame the ranks read (at most one)
         session = None if self.config.local else self._session()
         # The session's conf is read once for the call (from Connect, each read is a round trip).
         conf = call_conf(session)
         config = self._resolve(session, conf)
+        frame = None if source is None else stage_frame(source, session, config)
         per_task = check_run(session, config, all_ranks, conf)
         modules = scope_of(config.ship_modules, config.max_module_bytes, script)
         payload = dump_call(fn, args, kwargs, config.max_payload_bytes, modules)
@@ -277,10 +280,13 @@ class SparkRunner:
             hook=hook,
             ranks_per_task=per_task,
             all_ranks=all_ranks,
+            stream_window=source.window if source is not None else 0,
+            stream_rows=source.batch_size if source is not None else 0,
         )
         attempts = Attempts(
             session, config, job, name, record, progress, tracker, self._channel_hook, plan
         )
+        attempts.frame = frame
         if handle is not None:
             attempts.out, attempts.stop = handle.output, handle.stop
             attempts.ticket, attempts.on_wait = handle.ticket, handle._set_waiting

@@ -1,6 +1,15 @@
-"""Spark DataFrame -> Parquet cache -> per-rank torch batches (petastorm's converter API).
+"""A Spark DataFrame to per-rank torch batches: streamed from its partitions
+(:func:`from_dataframe`), or through a Parquet cache (petastorm's converter API).
 
-Example:
+Example, streamed (no copy):
+    >>> from sparktrain.data import from_dataframe
+    >>> def train(data):                               # on each rank
+    ...     with data.loader() as batches:
+    ...         for batch in batches:
+    ...             ...
+    >>> SparkRunner(np=2).run(train, data=from_dataframe(df, batch_size=64))
+
+Example, through a cache:
     >>> from sparktrain.data import make_spark_converter
     >>> converter = make_spark_converter(df)           # on the driver
     >>> def train(converter):                          # on each rank
@@ -19,14 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain.data.converter import CACHE_DIR_CONF, default_cache_dir, make_spark_converter
 from sparktrain.data.dataset import SparkDatasetConverter
+from sparktrain.data.frame_source import DataFrameSource, from_dataframe
 
 if TYPE_CHECKING:  # for type checkers and the API reference; imported on first use below
     from sparktrain.data.sampler import ResumableDistributedSampler
 
 __all__ = [
     "CACHE_DIR_CONF",
+    "DataFrameSource",
     "ResumableDistributedSampler",
     "default_cache_dir",
+    "from_dataframe",
     "SparkDatasetConverter",
     "make_spark_converter",
 ]

@@ -75,6 +75,7 @@ class Attempts:
             None: now).
         on_wait: told what the run waits for while other runs of this process hold the
             slots it needs (and None once it has them).
+        frame: a run given a DataFrame: what its stage runs over (see driver.frame_input).
 
     ``job.all_ranks`` asks for every rank's value (a list by rank) rather than rank 0's.
     """
@@ -92,6 +93,7 @@ class Attempts:
     stop: StopSignal | None = None
     ticket: int | None = None
     on_wait: Callable[[Line | None], None] | None = None
+    frame: Any = None
     # The run's place among the runs of this process (see inflight.reserve), once it has one.
     _token: int = dataclasses.field(default=0, init=False, repr=False)
 
@@ -335,7 +337,7 @@ class Attempts:
                 on_saved=self._grow_watch(job),
             )
             stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
-            launch = new_launch(self.session, job, description, self.connect)
+            launch = new_launch(self.session, job, description, self.connect, self.frame)
             try:
                 with stop:
                     records = monitor.watch(launch)

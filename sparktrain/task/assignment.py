@@ -29,6 +29,11 @@ class TaskJob:
             them): the client's Python and package versions, which each task compares with
             its own, and a task that cannot reach the channel then says so rather than waiting
             (see :mod:`sparktrain.driver.connect_check`).
+        stream_window: for a run given a DataFrame (``sparktrain.data.from_dataframe``), the
+            batches each rank may hold unread; the stage's input is then the DataFrame's
+            partitions, which each task streams to its ranks. 0: no DataFrame.
+        stream_rows: the rows of a batch on the ranks: a task that feeds several ranks deals
+            its input out in pieces of at most this many rows, so their shares stay even.
         run_config: ``config`` as a :class:`RunConfig`, built once when the job is made and
             once where it is unpickled.
     """
@@ -44,6 +49,8 @@ class TaskJob:
     all_ranks: bool = False
     previous_world_size: int = 0
     client_versions: dict[str, str] | None = None
+    stream_window: int = 0
+    stream_rows: int = 0
     # ``config`` as a RunConfig, built once on each side: where the job is made, and where it
     # is unpickled (only ``config`` crosses; see __getstate__).
     run_config: RunConfig = dataclasses.field(init=False, repr=False, compare=False)

@@ -152,8 +152,10 @@ def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
 
     from sparktrain.task.entry import run_spark_task
 
-    for _ in batches:
-        pass  # the input only sets the number of tasks
+    if not job.stream_window:
+        for _ in batches:
+            pass  # the input only sets the number of tasks
+        batches = iter(())
     if job.client_versions is not None:
         different = mismatches(job.client_versions, versions())
         if different:
@@ -163,11 +165,11 @@ def run_connect_task(job: TaskJob, batches: Iterator[Any]) -> Iterator[Any]:
     detached = None if job.channel else DetachedSession(job, _barrier_context())
     try:
         if detached is not None:
-            records = _run_detached(job, detached)
+            records = _run_detached(job, detached, batches)
         elif job.client_versions is None:
-            records = list(run_spark_task(job, iter(())))
+            records = list(run_spark_task(job, batches))
         else:
-            records = _run_reached(job)
+            records = _run_reached(job, batches)
         rows = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in records]
         yield pa.RecordBatch.from_pydict({RECORD_COLUMN: pa.array(rows, type=pa.binary())})
     finally:
@@ -181,7 +183,7 @@ def _barrier_context() -> Any:
     return BarrierTaskContext.get()
 
 
-def _run_reached(job: TaskJob) -> list[dict[str, Any]]:
+def _run_reached(job: TaskJob, batches: Iterator[Any]) -> list[dict[str, Any]]:
     """A first stage's task: one that cannot connect to the client's channel within
     :data:`REACH_TIMEOUT` ends the stage saying why, so that the run goes detached."""
     from sparktrain import wire
@@ -196,7 +198,7 @@ def _run_reached(job: TaskJob) -> list[dict[str, Any]]:
         _raise_check({"unreached": f"{job.channel}: {exc}"})
     session = TaskSession(job, client)
     try:
-        return list(run_spark_task(job, iter(()), session=session))
+        return list(run_spark_task(job, batches, session=session))
     finally:
         session.finish()  # if the task ended before its ranks' session did
 
@@ -205,11 +207,13 @@ def _raise_check(found: dict[str, Any]) -> NoReturn:
     raise RuntimeError(f"sparktrain's first-stage check {_mark(found, CHECK_MARK, CHECK_END)}")
 
 
-def _run_detached(job: TaskJob, session: DetachedSession) -> list[dict[str, Any]]:
+def _run_detached(
+    job: TaskJob, session: DetachedSession, batches: Iterator[Any]
+) -> list[dict[str, Any]]:
     from sparktrain.task.entry import run_spark_task
 
     try:
-        records = list(run_spark_task(job, iter(()), session=session))
+        records = list(run_spark_task(job, batches, session=session))
     finally:
         session.close_logs()
     # Every task meets the others here once its ranks have ended: a failed task's error then

@@ -56,6 +56,10 @@ class TaskSession:
         # Whether this is a Spark task in an executor's Python worker (not the driver's local
         # supervisor): its warm zygote then serves the executor's later workers too.
         self.in_executor = False
+        # A run given a DataFrame: what every rank's environment gets to find its task's
+        # stream, and the slots the stream serves, in its local order (see task.stream_feed).
+        self.stream_env: dict[str, str] = {}
+        self.stream_slots: list[int] = []
         # Every line of every rank, when log_dir is set; a bounded share of them to the driver.
         self.files = RankFiles(log_folder(job))
         self.forwarder = (

@@ -34,6 +34,7 @@ from sparktrain.task.interface_probe import ProbeListener, settle_interface
 from sparktrain.task.netinfo import interface_addresses, name_address
 from sparktrain.task.rank_launchers import Exchange, RankLauncher, launcher_for, local_exchange
 from sparktrain.task.result_upload import deliver
+from sparktrain.task.stream_feed import feeding
 from sparktrain.wire import protocol
 from sparktrain.wire.address import listen_address
 
@@ -137,7 +138,8 @@ def run_spark_task(
 
     Args:
         job: what the task was handed.
-        iterator: the partition (unused).
+        iterator: the partition: unused, except in a run given a DataFrame, where it is
+            the DataFrame's partition as Arrow batches, which the task streams to its ranks.
         session: how the task speaks with the driver; by default over its channel.
     """
     from pyspark import BarrierTaskContext
@@ -184,7 +186,17 @@ def run_spark_task(
             )
             _hello(session, info)
         session.listen()
-        records = _launch(session, launcher, list(slots), backend, session.exchange, probes)
+        stream = iterator if job.stream_window else None
+        with feeding(
+            stream,
+            slots,
+            job.key,
+            job.stream_window,
+            job.run_config.start_timeout,
+            job.stream_rows,
+        ) as session.stream_env:
+            session.stream_slots = list(slots)
+            records = _launch(session, launcher, list(slots), backend, session.exchange, probes)
         for outcome in deliver(session, records, host):
             yield outcome.to_json()
 
@@ -250,9 +262,10 @@ def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
     return []
 
 
-def run_local(job: TaskJob) -> list[dict[str, Any]]:
+def run_local(job: TaskJob, batches: Iterator[Any] | None = None) -> list[dict[str, Any]]:
     """The local supervisor: all ``|np|`` ranks as subprocesses of the driver; returns their
-    records as a Spark job would (:meth:`RankOutcome.to_json`)."""
+    records as a Spark job would (:meth:`RankOutcome.to_json`). ``batches``: a run given a
+    DataFrame, read on the driver and streamed to the ranks."""
     config = job.run_config
     n = config.world_size
     backend = get_backend(config.backend)
@@ -273,7 +286,11 @@ def run_local(job: TaskJob) -> list[dict[str, Any]]:
             )
             _hello(session, info)
         session.listen()
-        records = _launch(session, launcher, range(n), backend, local_exchange)
+        with feeding(
+            batches, range(n), job.key, job.stream_window, config.start_timeout, job.stream_rows
+        ) as session.stream_env:
+            session.stream_slots = list(range(n))
+            records = _launch(session, launcher, range(n), backend, local_exchange)
         if job.all_ranks:
             # Every rank's value goes through the driver's receiver, as from executors: the
             # total is held to max_result_bytes, and what does not fit is kept on this host.

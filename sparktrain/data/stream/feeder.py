@@ -9,6 +9,7 @@ slowest rank and never holds more than the batch in hand, whatever the partition
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -125,6 +126,14 @@ class Feeder:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def stop(self) -> None:
+        """Wake a :meth:`feed` blocked in another thread (waiting for a rank to connect or to
+        take a batch): it then ends with an error. Close afterwards, once that thread ended."""
+        for sock in [*self._conns, self._server]:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Close every connection and remove the folder (idempotent)."""

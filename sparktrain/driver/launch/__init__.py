@@ -48,16 +48,19 @@ def channel_address(session: Any, connect: ConnectPlan | None = None) -> tuple[s
     return listen_address(advertise, fallback), advertise
 
 
-def new_launch(session: Any, job: TaskJob, description: str, connect: ConnectPlan | None) -> Launch:
-    """The launch of ``job``'s tasks: on the driver without a session, else on Spark."""
+def new_launch(
+    session: Any, job: TaskJob, description: str, connect: ConnectPlan | None, frame: Any = None
+) -> Launch:
+    """The launch of ``job``'s tasks: on the driver without a session, else on Spark; a run
+    given a DataFrame (``frame``) runs its stage over it (or, local, reads it here)."""
     if session is None:
         from sparktrain.driver.launch.local import LocalLaunch
 
-        return LocalLaunch(job)
+        return LocalLaunch(job, frame)
     if connect is not None:
         from sparktrain.driver.launch.connect import ConnectLaunch
 
-        return ConnectLaunch(session, job, description)
+        return ConnectLaunch(session, job, description, frame)
     from sparktrain.driver.launch.stage import SparkLaunch
 
-    return SparkLaunch(session, job, description)
+    return SparkLaunch(session, job, description, frame)

@@ -154,9 +154,11 @@ class ConnectLaunch:
         PayloadError: the payload cannot travel in one plan (:func:`check_payload`).
     """
 
-    def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
+    def __init__(self, spark: Any, job: TaskJob, description: str, frame: Any = None) -> None:
         check_payload(spark, job)
         self.spark = spark
+        # A run given a DataFrame: the stage runs over its partitions, repartitioned to n.
+        self.frame = frame
         self.job = job
         self.n = job.tasks
         self.tag = f"sparktrain-{job.run_id}-{job.attempt}"
@@ -174,9 +176,12 @@ class ConnectLaunch:
             # Tags are kept per thread by the Connect client: set it in the thread that runs.
             self.spark.addTag(self.tag)
             try:
-                stage = _tasks_frame(self.spark, self.n).mapInArrow(
-                    task, record_schema(), barrier=True
+                source = (
+                    _tasks_frame(self.spark, self.n)
+                    if self.frame is None
+                    else self.frame.repartition(self.n)
                 )
+                stage = source.mapInArrow(task, record_schema(), barrier=True)
                 records = [pickle.loads(value) for value in _column(stage, RECORD_COLUMN)]
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
                 self.stage_error = exc

@@ -8,14 +8,19 @@ from typing import Any
 
 from sparktrain.task.entry import TaskJob, run_local
 
+# Rows per batch the driver reads a DataFrame in for local ranks (a bounded piece at a time).
+_DRIVER_BATCH_ROWS = 4096
+
 Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
 
 
 class LocalLaunch:
     """Runs :func:`sparktrain.task.entry.run_local` in a thread of the driver."""
 
-    def __init__(self, job: TaskJob) -> None:
+    def __init__(self, job: TaskJob, frame: Any = None) -> None:
         self.job = job
+        # A run given a DataFrame: read here, a partition at a time, and streamed to the ranks.
+        self.frame = frame
         self._lock = threading.Lock()
         self._done: Done | None = None
 
@@ -30,7 +35,12 @@ class LocalLaunch:
 
         def body() -> None:
             try:
-                records = run_local(self.job)
+                batches = None
+                if self.frame is not None:
+                    from sparktrain.data.stream import dataframe_batches
+
+                    batches = dataframe_batches(self.frame, _DRIVER_BATCH_ROWS)
+                records = run_local(self.job, batches)
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
                 self._finish(None, exc)
             else:

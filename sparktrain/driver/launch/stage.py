@@ -4,6 +4,8 @@ own that we can cancel."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import pickle
 import re
 import threading
 from collections.abc import Callable
@@ -23,8 +25,10 @@ class SparkLaunch:
         description: the Spark job description shown in the UI.
     """
 
-    def __init__(self, spark: Any, job: TaskJob, description: str) -> None:
+    def __init__(self, spark: Any, job: TaskJob, description: str, frame: Any = None) -> None:
         self.sc = spark.sparkContext
+        # A run given a DataFrame: the stage runs over its partitions (see _frame_stage).
+        self.frame = frame
         self.job = job
         self.n = job.tasks
         self.group = f"sparktrain-{job.run_id}-{job.attempt}"
@@ -43,10 +47,14 @@ class SparkLaunch:
             try:
                 self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
                 payload = self.sc.broadcast(self.job.payload)
-                task = _task(dataclasses.replace(self.job, payload=b""), payload)
-                rdd = self.sc.parallelize(range(self.n), self.n).barrier().mapPartitions(task)
-                pin_python(rdd, self.sc, executor_python(self.sc)[0])
-                records = rdd.collect()
+                job = dataclasses.replace(self.job, payload=b"")
+                if self.frame is not None:
+                    records = _frame_stage(self.frame, self.n, job, payload)
+                else:
+                    task = _task(job, payload)
+                    rdd = self.sc.parallelize(range(self.n), self.n).barrier().mapPartitions(task)
+                    pin_python(rdd, self.sc, executor_python(self.sc)[0])
+                    records = rdd.collect()
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
                 _destroy(payload)
                 done(None, exc)
@@ -85,6 +93,26 @@ def _task(job: TaskJob, payload: Any) -> Callable[[Any], Any]:
         return run_spark_task(dataclasses.replace(job, payload=payload.value), iterator)
 
     return task
+
+
+def _frame_stage(frame: Any, n: int, job: TaskJob, payload: Any) -> list[dict[str, Any]]:
+    """The barrier stage over a DataFrame's ``n`` partitions: ``mapInArrow(barrier=True)``
+    hands each task its partition's Arrow batches, which it streams to its ranks; its records
+    come back as rows of one binary column, as from a Spark Connect session."""
+    from sparktrain.shipping.python_probe import sparktrain_python
+    from sparktrain.task.connect_stage import RECORD_COLUMN, record_schema
+
+    with sparktrain_python(frame.sparkSession, check=False):
+        stage = frame.repartition(n).mapInArrow(
+            functools.partial(_frame_task, job, payload), record_schema(), barrier=True
+        )
+    return [pickle.loads(row[RECORD_COLUMN]) for row in stage.collect()]
+
+
+def _frame_task(job: TaskJob, payload: Any, batches: Any) -> Any:
+    from sparktrain.task.connect_stage import run_connect_task
+
+    return run_connect_task(dataclasses.replace(job, payload=payload.value), batches)
 
 
 def _destroy(broadcast: Any) -> None:

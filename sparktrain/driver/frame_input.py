@@ -1,0 +1,76 @@
+"""A run given a DataFrame (``sparktrain.data.from_dataframe``): found among the function's
+arguments, checked before anything starts, and turned into what the stage runs over."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sparktrain.config import RunConfig
+from sparktrain.errors import ConfigurationError
+
+
+def frame_source(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any | None:
+    """The one :class:`~sparktrain.data.frame_source.DataFrameSource` among the arguments.
+
+    Raises:
+        ConfigurationError: more than one, or one that lost its DataFrame (unpickled).
+    """
+    from sparktrain.data.frame_source import DataFrameSource
+
+    found = [
+        name
+        for name, value in [*((f"argument {i}", a) for i, a in enumerate(args)), *kwargs.items()]
+        if isinstance(value, DataFrameSource)
+    ]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"one run reads one DataFrame, but {', '.join(found)} are each from_dataframe(...): "
+            "join or union them into one DataFrame first, or run them one after the other"
+        )
+    name = found[0]
+    source = kwargs[name] if name in kwargs else args[int(name.split()[-1])]
+    if source.dataframe is None:
+        raise ConfigurationError(
+            f"{name} describes a DataFrame but holds none (it was pickled and read back): "
+            "call from_dataframe(df, ...) on the driver that runs the function"
+        )
+    return source
+
+
+def stage_frame(source: Any, session: Any, config: RunConfig) -> Any:
+    """The DataFrame the run's stage runs over (its columns chosen), once checked.
+
+    Raises:
+        ConfigurationError: the run cannot read it: launcher='mpi', a DataFrame of a
+            session of another kind than the run's, or a PySpark without barrier
+            ``mapInArrow`` (3.5 and later have it).
+    """
+    from sparktrain.driver.launch.connect import is_connect
+
+    if config.launcher == "mpi":
+        raise ConfigurationError(
+            "a run given a DataFrame streams each task's partition to the ranks it starts, but "
+            "launcher='mpi' starts them from mpirun: use launcher='gloo' (the default)"
+        )
+    frame = source.dataframe
+    if session is not None:
+        frame_session = getattr(frame, "sparkSession", None)
+        if frame_session is not None and is_connect(frame_session) != is_connect(session):
+            kinds = ("classic", "Spark Connect")
+            raise ConfigurationError(
+                f"the DataFrame belongs to a {kinds[is_connect(frame_session)]} session, but "
+                f"the run goes to a {kinds[is_connect(session)]} one: build the DataFrame "
+                "from the session the run uses (SparkRunner(spark=...))"
+            )
+        if "barrier" not in inspect.signature(type(frame).mapInArrow).parameters:
+            raise ConfigurationError(
+                "training from a DataFrame on executors runs a barrier mapInArrow stage, which "
+                "PySpark 3.5 and later have: upgrade pyspark, or use make_spark_converter(df)"
+            )
+    if source.columns is not None:
+        frame = frame.select(*source.columns)
+    return frame
