@@ -35,9 +35,12 @@ def _state(spark: Any, handles: list[RunHandle]) -> str:
     runs = "; ".join(f"{h.status()!r} after {h.logs()[-3:]}" for h in handles)
     from sparktrain.driver import inflight
 
+    from sparktrain.driver.capacity import busy_slots, total_slots
+
     executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
     return (
         f"runs: {runs}; executors registered: {len(executors) - 1}; "
+        f"slots: {total_slots(spark.sparkContext)}, busy: {busy_slots(spark.sparkContext)}; "
         f"active jobs: {_active_jobs(spark)}; places of this process's runs: "
         f"{inflight._places}, tickets on their way: {sorted(inflight._coming)}"
     )
@@ -156,7 +159,12 @@ def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Pat
             f"waiting for 1 task slot {held}, 2nd in line",
             f"waiting for 1 task slot {held}, 3rd in line",
         ]
-        wait_for(lambda: [h.status() for h in (third, cancelled, fourth)] == line, 120, "a line")
+        wait_for(
+            lambda: [h.status() for h in (third, cancelled, fourth)] == line,
+            120,
+            "a line",
+            lambda: _state(spark, handles),
+        )
         assert (
             repr(third)
             == f"<RunHandle 'talk_until' waiting for 2 task slots {held}, 1st in line, 0 lines>"
