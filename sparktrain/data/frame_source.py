@@ -187,7 +187,8 @@ def from_dataframe(
         window: batches each rank may hold unread before its task waits (memory bound).
 
     Raises:
-        ConfigurationError: a value out of range, or a column ``df`` does not have.
+        ConfigurationError: a value out of range, a column ``df`` does not have, or one of a
+            type the loader cannot turn into a tensor (read from ``df``'s schema).
     """
     for name, value, least in (
         ("batch_size", batch_size, 1),
@@ -216,6 +217,11 @@ def from_dataframe(
                 f"from_dataframe: columns {missing or list(columns)} are not in the DataFrame, "
                 f"whose columns are {list(names)}"
             )
+    from sparktrain.data.converter import _check_spark_types
+
+    schema = df.schema
+    wanted = [f for f in schema.fields if columns is None or f.name in columns]
+    _check_spark_types(type(schema)(wanted))
     return DataFrameSource(
         batch_size=batch_size,
         num_epochs=num_epochs,

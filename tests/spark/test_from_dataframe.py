@@ -1,0 +1,86 @@
+"""Training straight from a DataFrame: each task streams its partition to its ranks (np > 0),
+or the driver reads it (np < 0). Every row reaches one rank once per epoch, the ranks take
+equal steps when they agree, and a failure on either side ends the run with its cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparktrain import SparkRunner
+from sparktrain.data import from_dataframe
+from sparktrain.errors import ConfigurationError, WorkerFailedError
+from tests.conftest import ranks
+from tests.fixtures import frame_trainers
+from tests.helpers import alive, recorded_pids, wait_for
+
+pytestmark = pytest.mark.spark
+
+ROWS = 300
+
+
+def _frame(spark: Any, rows: int = ROWS) -> Any:
+    return spark.range(rows).selectExpr(
+        "id", "CAST(id AS FLOAT) AS x", "array(CAST(id AS FLOAT), 1.0F) AS pair", "'skip' AS s"
+    )
+
+
+def test_every_row_reaches_one_rank_once_per_epoch(mode: str, spark: Any) -> None:
+    data = from_dataframe(
+        _frame(spark), batch_size=16, num_epochs=2, shuffle=True, seed=3, columns=["id", "pair"]
+    )
+    results = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, data)
+    for epoch in (0, 1):
+        shares = [r["epochs"][epoch] for r in results]
+        assert sorted(shares[0] + shares[1]) == list(range(ROWS))
+        assert all(shares)  # both ranks read rows
+    # The shuffle draws a new order each epoch, from the rows each rank holds.
+    first = results[0]["epochs"]
+    assert sorted(first[0]) == sorted(first[1]) and first[0] != first[1]
+    assert results[0]["shapes"] == {"id": [16], "pair": [16, 2]}
+
+
+def test_ranks_that_agree_take_the_same_steps(mode: str, spark: Any) -> None:
+    # 3 pieces of 64 rows for 2 ranks on the driver: one rank holds two, the other one; on
+    # executors each rank holds its own partition, of unequal size.
+    frame = _frame(spark, 192) if mode == "local" else _frame(spark).where("id < 100 OR id % 3 = 0")
+    data = from_dataframe(frame, batch_size=64 if mode == "local" else 8, columns=["id"])
+    results = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, data, agree=True)
+    steps = [r["steps"].get(0, 0) for r in results]
+    assert steps[0] == steps[1] > 0
+    seen = [i for r in results for i in r["epochs"][0]]
+    assert len(seen) == len(set(seen))
+
+
+def test_a_rank_killed_while_reading_ends_the_run(mode: str, spark: Any, tmp_path: Path) -> None:
+    data = from_dataframe(_frame(spark, 4000), batch_size=8, window=1)
+    with pytest.raises(WorkerFailedError) as failed:
+        SparkRunner(np=ranks(mode, 2)).run(frame_trainers.die_reading, data, str(tmp_path))
+    assert failed.value.root_cause.rank == 1
+    assert "was killed by SIGKILL" in str(failed.value)
+    wait_for(lambda: alive(recorded_pids(tmp_path)) == [], 30, "every rank gone")
+
+
+def test_a_failing_dataframe_reaches_the_ranks_with_sparks_message(mode: str, spark: Any) -> None:
+    frame = _frame(spark).selectExpr(
+        "id", "IF(id = 250, raise_error('row 250 is bad'), id) AS checked"
+    )
+    data = from_dataframe(frame, batch_size=8)
+    with pytest.raises(WorkerFailedError) as failed:
+        SparkRunner(np=ranks(mode, 2)).run(frame_trainers.read_ids, data)
+    assert "row 250 is bad" in str(failed.value)
+
+
+def test_bad_input_is_refused_before_anything_starts(spark: Any) -> None:
+    frame = _frame(spark)
+    with pytest.raises(ConfigurationError, match=r"columns \['nope'\] are not in the DataFrame"):
+        from_dataframe(frame, batch_size=8, columns=["id", "nope"])
+    with pytest.raises(ConfigurationError, match="batch_size must be an int >= 1, not 0"):
+        from_dataframe(frame, batch_size=0)
+    with pytest.raises(ConfigurationError, match="column 'when' has type timestamp"):
+        from_dataframe(frame.selectExpr("id", "current_timestamp() AS when"), batch_size=8)
+    one, two = from_dataframe(frame, batch_size=8), from_dataframe(frame, batch_size=8)
+    with pytest.raises(ConfigurationError, match="one run reads one DataFrame, but argument 0, ag"):
+        SparkRunner(np=2).run(frame_trainers.read_ids, one, agree=two)

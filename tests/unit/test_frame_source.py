@@ -1,0 +1,79 @@
+"""from_dataframe's description: checked on the driver, carried without its DataFrame, and
+refused where a run cannot read it, each before anything starts."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from sparktrain.data import DataFrameSource, from_dataframe
+from sparktrain.driver.frame_input import frame_source
+from sparktrain.errors import ConfigurationError
+
+
+class Frame:
+    """What from_dataframe reads of a DataFrame: its columns and schema."""
+
+    def __init__(self) -> None:
+        from pyspark.sql import types
+
+        self.schema = types.StructType(
+            [
+                types.StructField("id", types.LongType()),
+                types.StructField("price", types.DecimalType(5, 1)),
+            ]
+        )
+        self.columns = ["id", "price"]
+
+    def repartition(self, n: int) -> Frame:
+        return self
+
+
+def test_the_description_travels_without_its_dataframe() -> None:
+    source = from_dataframe(Frame(), batch_size=4, columns=["id"], transform=lambda b: b)
+    assert source.dataframe is not None
+    back = pickle.loads(cloudpickle.dumps(source))
+    assert isinstance(back, DataFrameSource) and back.dataframe is None
+    assert back.columns == ("id",) and back.batch_size == 4
+    with pytest.raises(ConfigurationError, match="holds none"):
+        frame_source((back,), {})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be an int >= 1, not 0"),
+        ({"batch_size": 2, "num_epochs": True}, "num_epochs must be an int >= 1, not True"),
+        ({"batch_size": 2, "window": 0}, "window must be an int >= 1, not 0"),
+        ({"batch_size": 2, "transform": 3}, "transform must be callable, not 3"),
+        ({"batch_size": 2, "columns": ["id", "x"]}, r"columns \['x'\] are not in the DataFrame"),
+        ({"batch_size": 2}, "column 'price' has type decimal"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        from_dataframe(Frame(), **kwargs)
+
+
+def test_only_a_dataframe_is_taken() -> None:
+    with pytest.raises(ConfigurationError, match="takes a Spark DataFrame, not list"):
+        from_dataframe([1, 2], batch_size=2)
+
+
+def test_one_dataframe_per_run() -> None:
+    one = from_dataframe(Frame(), batch_size=2, columns=["id"])
+    assert frame_source((1, one), {"x": 2}) is one
+    assert frame_source((1,), {}) is None
+    with pytest.raises(ConfigurationError, match="argument 1, data are each from_dataframe"):
+        frame_source((0, one), {"data": one})
+
+
+def test_the_loader_outside_a_run_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("_SPARKTRAIN_STREAM", raising=False)
+    source = from_dataframe(Frame(), batch_size=2, columns=["id"])
+    with pytest.raises(ConfigurationError, match=r"run\(train, data=from_dataframe"):
+        with source.loader():
+            pass
