@@ -127,11 +127,14 @@ class Attempts:
             # The client cannot count the live slots: the conf's stand for them.
             application, slots = shared_slots(self.session), self.connect.slots
             total = lambda: slots  # noqa: E731 - the conf's count, fixed for the run
+            most: int | None = slots
         else:
-            from sparktrain.driver.capacity import total_slots
+            from sparktrain.driver.capacity import most_slots, total_slots
 
             application, sc = _application(self.session), self.session.sparkContext
             total = lambda: total_slots(sc)  # noqa: E731 - live: executors come and go
+            ceiling = most_slots(sc.master, sc.getConf())
+            most = ceiling[0] if ceiling is not None else None
         # An elastic run holds the slots of its min: beyond them it takes what is free.
         tasks = self.job.tasks
         if self.config.elastic is not None:
@@ -145,6 +148,7 @@ class Attempts:
                 self._refuse,
                 self.stop,
                 self.on_wait or self._tell_wait,
+                most,
             )
             yield token
 

@@ -147,12 +147,17 @@ def take_turn(
     refuse: Callable[[Line, bool], BaseException],
     stop: StopSignal | None = None,
     on_wait: Callable[[Line | None], None] | None = None,
+    most: int | None = None,
 ) -> int:
     """Wait until the run of ``token`` may take its slots: every run submitted before it has
     taken its own, and its slots fit beside what the runs going hold. Then take them.
 
-    A run that could never fit, even alone (``total()`` is below what it needs), is let
-    through at once: the capacity check then says why (or waits for executors to register).
+    A run that could never fit, even alone, is let through at once: the capacity check then
+    says why. "Never" is what the application's settings say (``most``), not the live count
+    of slots: an executor lost a moment (and replaced) would otherwise let a run that only
+    waits for the others through, to be refused beside them. Where the settings do not
+    bound the slots, a run the live count cannot hold waits its turn like any other; alone,
+    it goes on (the capacity check waits for executors to register, or says why not).
 
     Args:
         application: the Spark application id.
@@ -163,6 +168,7 @@ def take_turn(
             for and whether it waited at all.
         stop: a stop request ends the wait with CancelledError.
         on_wait: told what the run waits for, and None once it has its turn.
+        most: the most slots the application's settings ever give it; None: not bounded.
 
     Returns:
         The slots the other runs of this process hold once this one has its turn.
@@ -190,7 +196,8 @@ def take_turn(
                         continue  # another run came meanwhile: read the cluster's size
                     slots_now = place.slots  # alone: whatever the size, it is its turn
                 fits = held == 0 or slots_now - held >= place.slots
-                if not ahead and (fits or slots_now < place.slots):
+                never = most is not None and most < place.slots
+                if not ahead and (fits or never):
                     place.admitted = True
                     _changed.notify_all()  # the next in line may fit beside it
                     return held

@@ -34,7 +34,6 @@ def _state(spark: Any, handles: list[RunHandle]) -> str:
     """What a wait that timed out found: each run's status and last lines, Spark's side."""
     runs = "; ".join(f"{h.status()!r} after {h.logs()[-3:]}" for h in handles)
     from sparktrain.driver import inflight
-
     from sparktrain.driver.capacity import busy_slots, total_slots
 
     executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
@@ -125,6 +124,16 @@ def test_runs_that_do_not_fit_wait_their_turn_in_order(spark: Any, tmp_path: Pat
         handles.append(runner.submit(*args))
         return handles[-1]
 
+    from sparktrain.driver.capacity import total_slots
+
+    # The premise: the cluster has two slots. An executor an earlier test lost is counted
+    # until Spark hears it is gone, beside the one that replaced it.
+    wait_for(
+        lambda: total_slots(spark.sparkContext) == 2,
+        RANKS_START,
+        "the cluster's two slots",
+        lambda: _state(spark, handles),
+    )
     try:
         runner = SparkRunner(np=1)
         first = submit(runner, trainers.talk_until, str(release))

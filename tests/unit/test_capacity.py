@@ -675,13 +675,34 @@ def test_a_stop_takes_a_run_out_of_the_line() -> None:
 
 
 def test_a_run_the_cluster_could_never_hold_is_let_through_to_the_capacity_check() -> None:
-    """np=3 on 2 slots, beside a run: waiting would never end; the capacity check says why."""
+    """np=3 where the settings give 2 slots, beside a run: waiting would never end; the
+    capacity check says why."""
     from sparktrain.driver.inflight import reserve
 
     with reserve("app-never", 1):
-        seen, turn, leave, _ = _in_line("app-never", 3, total=2, wait=None)
+        seen, turn, leave, _ = _in_line("app-never", 3, total=2, wait=None, most=2)
         assert turn.wait(30) and seen == [None, 1]
         leave.set()
+
+
+def test_a_dip_in_the_live_slots_lets_no_run_overtake_the_others() -> None:
+    """The settings give 2 slots and two runs hold them; an executor lost a moment makes the
+    live count 1. A run of 2 waits its turn: it fits once the others end, so letting it
+    through would only have it refused beside them."""
+    from sparktrain.driver.inflight import reserve
+
+    with reserve("app-dip", 2):
+        seen, turn, leave, _ = _in_line("app-dip", 2, total=1, wait=None, most=2)
+        from tests.helpers import wait_for
+
+        wait_for(lambda: len(seen) == 1, 30, "the run in line")
+        assert seen == [
+            "waiting for 2 task slots (other runs of this process hold 2 of the "
+            "cluster's 1), 1st in line"
+        ]
+        assert not turn.is_set()
+    assert turn.wait(30) and seen[-2:] == [None, 0]  # alone now: its turn
+    leave.set()
 
 
 def test_places_in_line_read_as_ordinals() -> None:
