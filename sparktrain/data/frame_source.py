@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sparktrain import contract
@@ -104,30 +104,81 @@ class DataFrameSource:
 
 
 class FrameLoader:
-    """One rank's batches over ``num_epochs`` epochs; :attr:`epoch` is the one being read."""
+    """One rank's batches over ``num_epochs`` epochs; :attr:`epoch` is the one being read and
+    :attr:`steps` the batches it has served so far.
+
+    Iterating gives every epoch left in turn; :meth:`next_epoch` gives one. Its place is
+    :meth:`state_dict` (the same on every rank when the ranks agree), which a restarted run
+    gives back to :meth:`load_state_dict` before iterating: at the same number of ranks it
+    goes on at the next batch, the rows and order of an uninterrupted run (the DataFrame
+    must give the same rows in the same order, as a table or file scan does); at another
+    number of ranks the shares differ, so the saved epoch starts over.
+    """
 
     def __init__(self, stream: Any, num_epochs: int, agree: Callable[[bool], bool] | None) -> None:
         self._stream = stream
         self.num_epochs = num_epochs
         self._agree = agree
+        self._world = int(os.environ.get("WORLD_SIZE", "1"))
         self.epoch = 0
         self.steps = 0  # batches served in the current epoch
+        self._skip = 0  # batches of the current epoch a resumed run has already taken
+        self._started = False
 
     def __iter__(self) -> Iterator[Any]:
-        for epoch in range(self.num_epochs):
-            self.epoch, self.steps = epoch, 0
-            batches = iter(self._stream)
-            while True:
-                batch = next(batches, _END)
-                have = batch is not _END
-                if self._agree is not None:
-                    have = self._agree(have)
-                if not have:
-                    break
-                self.steps += 1
+        while self.epoch < self.num_epochs:
+            yield from self.next_epoch()
+
+    def next_epoch(self) -> Iterator[Any]:
+        """The next epoch's batches (after a resume: what is left of the saved one)."""
+        if self._started:
+            self.epoch += 1
+        self._started = True
+        if self.epoch >= self.num_epochs:
+            return
+        self._stream.epoch = self.epoch  # its shuffle and its source follow the epoch
+        self.steps = 0
+        skip, self._skip = self._skip, 0
+        batches = iter(self._stream)
+        while True:
+            batch = next(batches, _END)
+            have = batch is not _END
+            if self._agree is not None:
+                have = self._agree(have)
+            if not have:
+                break
+            self.steps += 1
+            if self.steps > skip:
                 yield batch
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: the epoch and the batches taken in it."""
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "steps": self.steps,
+            "world_size": self._world,
+        }
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from ``state`` (a :meth:`state_dict`), before the first batch is taken.
+
+        Raises:
+            ConfigurationError: ``state`` is not this loader's, or batches were taken already.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ConfigurationError(
+                f"load_state_dict takes what a DataFrame loader's state_dict() gave, not "
+                f"{state!r:.200}"
+            )
+        if self._started:
+            raise ConfigurationError("load_state_dict must come before the first batch")
+        self.epoch = int(state["epoch"])
+        same_size = int(state["world_size"]) == self._world
+        self._skip = int(state["steps"]) if same_size else 0
+
+
+STATE_FORMAT = "sparktrain.data.from_dataframe/1"
 _END = object()
 
 

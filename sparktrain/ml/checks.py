@@ -10,7 +10,7 @@ from typing import Any
 
 from sparktrain.errors import ConfigurationError
 from sparktrain.inference.udf import build_model
-from sparktrain.ml.params import BACKENDS, LOSSES, TASKS
+from sparktrain.ml.params import BACKENDS, DATA_SOURCES, LOSSES, TASKS
 from sparktrain.shipping.payload import dump_call
 
 _NUMBERS = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType")
@@ -64,6 +64,10 @@ def check_settings(params: Any) -> None:
     if get(params.backend) not in BACKENDS:
         raise ConfigurationError(
             f"backend must be one of {', '.join(BACKENDS)}; got {get(params.backend)!r}"
+        )
+    if get(params.dataSource) not in DATA_SOURCES:
+        raise ConfigurationError(
+            f"dataSource must be one of {', '.join(DATA_SOURCES)}; got {get(params.dataSource)!r}"
         )
     for name in ("batchSize", "epochs", "inferenceBatchSize"):
         if get(params.getParam(name)) < 1:

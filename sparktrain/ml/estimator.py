@@ -60,6 +60,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
         inferenceBatchSize: rows per forward pass in ``transform`` (1024).
         device: inference device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         seed: seeds initialization, shuffling and the validation split (0).
+        dataSource: how the training rows reach the ranks: ``"cache"`` (the default: a
+            Parquet copy through ``make_spark_converter``, shuffled across all rows) or
+            ``"stream"`` (no copy: the fit's stage runs over the DataFrame and each task
+            streams its partition, shuffled within each rank's share; see
+            :func:`sparktrain.data.from_dataframe`). Held-out validation rows use a cache.
 
     Raises:
         ConfigurationError: from ``fit``, before training, for a missing or mistyped column,
@@ -96,6 +101,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
         checkpointDir: str | None = None,
         maxRestarts: int = 0,
         validationFraction: float = 0.0,
+        dataSource: str = "cache",
         task: str = "auto",
         inputShape: list[int] | None = None,
         inferenceBatchSize: int = 1024,
@@ -124,6 +130,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
         checkpointDir: str | None = None,
         maxRestarts: int = 0,
         validationFraction: float = 0.0,
+        dataSource: str = "cache",
         task: str = "auto",
         inputShape: list[int] | None = None,
         inferenceBatchSize: int = 1024,
@@ -169,7 +176,19 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
         train_rows, validation_rows = rows, None
         if fraction > 0:
             train_rows, validation_rows = rows.randomSplit([1.0 - fraction, fraction], seed)
-        train = make_spark_converter(train_rows)
+        train: Any
+        if get(self.dataSource) == "stream":
+            from sparktrain.data import from_dataframe
+
+            train = from_dataframe(
+                train_rows,
+                get(self.batchSize),
+                num_epochs=get(self.epochs),
+                shuffle=True,
+                seed=seed,
+            )
+        else:
+            train = make_spark_converter(train_rows)
         validation = None
         try:
             if validation_rows is not None:
@@ -205,9 +224,13 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams):
                 checkpoint_dir=get(self.checkpointDir),
                 max_restarts=get(self.maxRestarts),
             )
-            result = runner.run(train_on_rank, job)
+            # A stream's description goes as an argument of its own: the runner finds it
+            # among the arguments, and runs the stage over its DataFrame.
+            streamed = {"data": train} if get(self.dataSource) == "stream" else {}
+            result = runner.run(train_on_rank, job, **streamed)
         finally:
-            train.delete()
+            if hasattr(train, "delete"):
+                train.delete()
             if validation is not None:
                 validation.delete()
         return result["history"], result["state"]

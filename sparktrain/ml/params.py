@@ -19,6 +19,7 @@ REGRESSION_LOSSES = ("mse", "l1", "smooth_l1")
 LOSSES = CLASSIFICATION_LOSSES + REGRESSION_LOSSES
 TASKS = ("auto", "classification", "regression")
 BACKENDS = ("torch", "horovod")
+DATA_SOURCES = ("cache", "stream")
 
 
 def _shape(value: Any) -> list[int] | None:
@@ -130,6 +131,13 @@ class EstimatorParams(HasInferenceParams, HasLabelCol, HasSeed):
         "launches after a lost rank or executor (resuming from checkpointDir)",
         typeConverter=TypeConverters.toInt,
     )
+    dataSource: Param[str] = Param(
+        Params._dummy(),
+        "dataSource",
+        "how the training rows reach the ranks: cache (a Parquet copy, make_spark_converter) "
+        "or stream (each task streams its partition, no copy: sparktrain.data.from_dataframe)",
+        typeConverter=TypeConverters.toString,
+    )
     validationFraction: Param[float] = Param(
         Params._dummy(),
         "validationFraction",
@@ -161,6 +169,7 @@ class EstimatorParams(HasInferenceParams, HasLabelCol, HasSeed):
             checkpointDir=None,
             maxRestarts=0,
             validationFraction=0.0,
+            dataSource="cache",
             task="auto",
             seed=0,
         )

@@ -1,16 +1,18 @@
 """The training loop that :class:`~sparktrain.ml.TorchEstimator` runs on every rank.
 
 It runs in the ranks' processes, so it never imports pyspark: the data comes through the
-converter's Parquet files, the settings in a :class:`TrainJob`.
+converter's Parquet files or the task's stream, the settings in a :class:`TrainJob`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sparktrain.data.dataset import SparkDatasetConverter
+from sparktrain.data.frame_source import DataFrameSource
 
 FEATURES = "features"
 LABEL = "label"
@@ -25,7 +27,8 @@ class TrainJob:
         loss: a loss name of :data:`sparktrain.ml.params.LOSSES` or a function.
         optimizer_factory: ``(parameters) -> Optimizer``, or None for Adam(learning_rate).
         learning_rate: the default optimizer's learning rate.
-        train: the training rows (``features`` as float arrays, ``label``).
+        train: the training rows (``features`` as float arrays, ``label``): a converter's
+            cache, or the DataFrame itself, streamed (``dataSource="stream"``).
         validation: held-out rows, or None.
         batch_size: rows per batch on each rank.
         epochs: passes over ``train``.
@@ -40,7 +43,7 @@ class TrainJob:
     loss: Any
     optimizer_factory: Callable[[Any], Any] | None
     learning_rate: float
-    train: SparkDatasetConverter
+    train: SparkDatasetConverter | DataFrameSource
     validation: SparkDatasetConverter | None
     batch_size: int
     epochs: int
@@ -167,8 +170,29 @@ def _validate(job: TrainJob, model: Any, device: Any) -> dict[str, float]:
     return metrics
 
 
-def train_on_rank(job: TrainJob) -> dict[str, Any]:
-    """Train ``job`` on this rank; rank 0 returns ``{"state": state_dict, "history": [...]}``."""
+@contextlib.contextmanager
+def _epochs(job: TrainJob, start: int) -> Iterator[Iterator[tuple[int, Iterable[Any]]]]:
+    """Each epoch from ``start`` on, with its batches, from the cache or the stream."""
+    if isinstance(job.train, DataFrameSource):
+        with job.train.loader() as stream:
+            stream.load_state_dict({**stream.state_dict(), "epoch": start, "steps": 0})
+            yield ((epoch, stream.next_epoch()) for epoch in range(start, job.epochs))
+        return
+    with job.train.make_torch_dataloader(job.batch_size, seed=job.seed) as loader:
+
+        def each() -> Iterator[tuple[int, Iterable[Any]]]:
+            for epoch in range(start, job.epochs):
+                loader.set_epoch(epoch)
+                yield epoch, loader
+
+        yield each()
+
+
+def train_on_rank(job: TrainJob, data: DataFrameSource | None = None) -> dict[str, Any]:
+    """Train ``job`` on this rank; rank 0 returns ``{"state": state_dict, "history": [...]}``.
+
+    ``data``: ``job.train`` again when it is a DataFrame's stream (which the runner looks for
+    among the function's arguments)."""
     import torch
 
     from sparktrain import checkpoint
@@ -193,11 +217,10 @@ def train_on_rank(job: TrainJob) -> dict[str, Any]:
     trained, optimizer = ranks.wrap(model, optimizer, device)
     loss_fn = loss_function(job.loss)
     trained.train()
-    with job.train.make_torch_dataloader(job.batch_size, seed=job.seed) as loader:
-        for epoch in range(start, job.epochs):
-            loader.set_epoch(epoch)
+    with _epochs(job, start) as epochs:
+        for epoch, batches in epochs:
             loss_sum, rows = 0.0, 0
-            for batch in loader:
+            for batch in batches:
                 features, label = _prepare(job, batch, device)
                 optimizer.zero_grad()
                 loss = _loss(job, loss_fn, trained(features), label)

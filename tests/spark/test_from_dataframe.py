@@ -42,6 +42,19 @@ def test_every_row_reaches_one_rank_once_per_epoch(mode: str, spark: Any) -> Non
     assert results[0]["shapes"] == {"id": [16], "pair": [16, 2]}
 
 
+def test_a_resumed_loader_goes_on_with_the_rows_an_uninterrupted_run_reads(spark: Any) -> None:
+    frame = _frame(spark, 200)
+    data = from_dataframe(frame, batch_size=8, num_epochs=3, shuffle=True, seed=5, columns=["id"])
+    runner = SparkRunner(np=-2)
+    whole = runner.run_all(frame_trainers.read_ids, data, agree=True)
+    state = {"format": "sparktrain.data.from_dataframe/1", "epoch": 1, "steps": 3, "world_size": 2}
+    resumed = runner.run_all(frame_trainers.read_ids, data, agree=True, state=state)
+    for before, after in zip(whole, resumed, strict=True):
+        assert after["epochs"][1] == before["epochs"][1][3 * 8 :]
+        assert after["epochs"][2] == before["epochs"][2] and 0 not in after["epochs"]
+        assert after["steps"] == {1: before["steps"][1], 2: before["steps"][2]}
+
+
 def test_ranks_that_agree_take_the_same_steps(mode: str, spark: Any) -> None:
     # 3 pieces of 64 rows for 2 ranks on the driver: one rank holds two, the other one; on
     # executors each rank holds its own partition, of unequal size.

@@ -152,3 +152,42 @@ def test_a_regressor_trains_with_horovod_on_the_driver_and_checkpoints(spark, tm
     assert "probability" not in scored[0].asDict()
     error = max(abs(row["prediction"] - row["label"]) for row in scored)
     assert error < 0.3, error
+
+
+def test_an_estimator_that_streams_its_rows_learns_and_writes_no_copy(spark, tmp_path: Path):
+    """dataSource='stream': the fit's stage runs over the training DataFrame; no cache."""
+    from pyspark.ml.feature import VectorAssembler
+
+    from sparktrain.data import CACHE_DIR_CONF
+    from sparktrain.ml import TorchEstimator
+
+    train, test = digits_frames(spark)
+    assembler = VectorAssembler(inputCols=[f"p{i}" for i in range(64)], outputCol="features")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    before = spark.conf.get(CACHE_DIR_CONF, None)
+    spark.conf.set(CACHE_DIR_CONF, f"file://{cache}")
+    try:
+        estimator = TorchEstimator(
+            modelFactory=digits_mlp,
+            np=2,
+            epochs=12,
+            batchSize=32,
+            learningRate=3e-3,
+            dataSource="stream",
+        )
+        model = estimator.fit(assembler.transform(train))
+    finally:
+        if before is None:
+            spark.conf.unset(CACHE_DIR_CONF)
+        else:
+            spark.conf.set(CACHE_DIR_CONF, before)
+    assert [h["epoch"] for h in model.history] == list(range(12))
+    assert model.history[-1]["loss"] < model.history[0]["loss"] / 2
+    scored = model.transform(assembler.transform(test)).select("label", "prediction").collect()
+    assert accuracy(scored) >= 0.9, accuracy(scored)
+    assert list(cache.iterdir()) == []
+    from sparktrain.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="dataSource must be one of cache, stream; got"):
+        estimator.setParams(dataSource="disk").fit(assembler.transform(train))
