@@ -262,6 +262,10 @@ def local_gpus(use_gpu: bool | None, n: int) -> list[str]:
     return []
 
 
+# How long a local run's end waits for the driver's reader of a DataFrame to leave Spark.
+_DRIVER_INPUT_WAIT = 5.0
+
+
 def run_local(job: TaskJob, batches: Iterator[Any] | None = None) -> list[dict[str, Any]]:
     """The local supervisor: all ``|np|`` ranks as subprocesses of the driver; returns their
     records as a Spark job would (:meth:`RankOutcome.to_json`). ``batches``: a run given a
@@ -287,7 +291,13 @@ def run_local(job: TaskJob, batches: Iterator[Any] | None = None) -> list[dict[s
             _hello(session, info)
         session.listen()
         with feeding(
-            batches, range(n), job.key, job.stream_window, config.start_timeout, job.stream_rows
+            batches,
+            range(n),
+            job.key,
+            job.stream_window,
+            config.start_timeout,
+            job.stream_rows,
+            input_wait=_DRIVER_INPUT_WAIT,
         ) as session.stream_env:
             session.stream_slots = list(range(n))
             records = _launch(session, launcher, range(n), backend, local_exchange)

@@ -39,12 +39,18 @@ def feeding(
     window: int,
     start_timeout: float,
     piece_rows: int = 0,
+    input_wait: float | None = None,
 ) -> Iterator[dict[str, str]]:
     """Feed ``batches`` to the ranks of ``ranks`` (their slots, in local order) while inside;
     yields the variables every rank's environment gets (none without ``batches``).
 
     With several ranks, the input goes out in pieces of at most ``piece_rows`` rows (slices,
     not copies), so that dealing them round-robin gives each rank an even share.
+
+    ``input_wait``: how long the way out waits for a thread still inside the input (None: as
+    long as it takes, which a Spark task must: its worker may be given the next task, whose
+    input is the same stream). The driver's reader may be left in a daemon thread instead,
+    so a stopped local run is not held by a partition still being computed.
 
     On the way out the feeder closes (a rank's stream then ends) and the thread is joined: it
     ends at its next send, after at most one more batch of the input.
@@ -86,7 +92,9 @@ def feeding(
             }
         finally:
             feeder.stop()
-            thread.join()
+            thread.join(input_wait)
+            if thread.is_alive():
+                _log.info("the stream's input is still computing a piece; left to end alone")
 
 
 def stream_index(ranks: Sequence[int], rank: int) -> str:

@@ -4,6 +4,7 @@ equal steps when they agree, and a failure on either side ends the run with its 
 
 from __future__ import annotations
 
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,21 @@ def test_bad_input_is_refused_before_anything_starts(spark: Any) -> None:
     one, two = from_dataframe(frame, batch_size=8), from_dataframe(frame, batch_size=8)
     with pytest.raises(ConfigurationError, match="one run reads one DataFrame, but argument 0, ag"):
         SparkRunner(np=2).run(frame_trainers.read_ids, one, agree=two)
+
+
+def test_a_local_run_stopped_while_the_driver_computes_a_partition_ends(
+    spark: Any, tmp_path: Path
+) -> None:
+    """np < 0: the driver's reader is inside a partition that takes minutes; stopping the run
+    ends it, and cancels that Spark job (the shared session's slots come back)."""
+    slow = spark.range(0, 40_000, 1, 2).selectExpr(
+        "id", "reflect('java.lang.Thread', 'sleep', CAST(10 AS BIGINT)) AS nap"
+    )
+    data = from_dataframe(slow, batch_size=8, columns=["id"])
+    handle = SparkRunner(np=-2).submit(frame_trainers.read_ids, data)
+    tracker = spark.sparkContext.statusTracker()
+    wait_for(lambda: tracker.getActiveJobsIds(), 60, "the reader's Spark job")
+    assert handle.cancel()
+    with pytest.raises(CancelledError):
+        handle.result(60)
+    wait_for(lambda: not tracker.getActiveJobsIds(), 60, "the reader's job cancelled")

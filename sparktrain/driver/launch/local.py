@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparktrain.task.entry import TaskJob, run_local
@@ -19,6 +20,9 @@ class LocalLaunch:
 
     def __init__(self, job: TaskJob, frame: Any = None) -> None:
         self.job = job
+        # The Spark jobs that read ``frame`` run in this group (a Connect tag): a run that
+        # ends cancels what is left of them, a partition still being computed included.
+        self._group = f"sparktrain-read-{job.run_id}-{job.attempt}"
         # A run given a DataFrame: read here, a partition at a time, and streamed to the ranks.
         self.frame = frame
         self._lock = threading.Lock()
@@ -35,12 +39,14 @@ class LocalLaunch:
 
         def body() -> None:
             try:
-                batches = None
+                batches, read = None, [False]
                 if self.frame is not None:
-                    from sparktrain.data.stream import dataframe_batches
-
-                    batches = dataframe_batches(self.frame, _DRIVER_BATCH_ROWS)
-                records = run_local(self.job, batches)
+                    batches = _read(self.frame, self._group, read)
+                try:
+                    records = run_local(self.job, batches)
+                finally:
+                    if self.frame is not None and not read[0]:
+                        _cancel(self.frame, self._group)
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
                 self._finish(None, exc)
             else:
@@ -63,3 +69,37 @@ class LocalLaunch:
 
     def describe_error(self, error: BaseException) -> str:
         return f"the local supervisor failed: {type(error).__name__}: {error}"
+
+
+def _read(frame: Any, group: str, read: list[bool]) -> Iterator[Any]:
+    """``frame``'s batches, read in the thread that iterates, in the Spark job group (or
+    Connect tag) ``group``; ``read[0]`` is set once the last was."""
+    from sparktrain.data.stream import dataframe_batches
+    from sparktrain.driver.launch.connect import is_connect
+
+    session = frame.sparkSession
+    if is_connect(session):
+        session.addTag(group)
+    else:
+        session.sparkContext.setJobGroup(group, "sparktrain: reading the DataFrame", True)
+    try:
+        yield from dataframe_batches(frame, _DRIVER_BATCH_ROWS)
+        read[0] = True
+    finally:
+        with contextlib.suppress(Exception):  # the session may be gone
+            if is_connect(session):
+                session.removeTag(group)
+            else:
+                session.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _cancel(frame: Any, group: str) -> None:
+    """Cancel what is left of the Spark jobs reading ``frame`` (none, when it was read)."""
+    from sparktrain.driver.launch.connect import is_connect
+
+    session = frame.sparkSession
+    with contextlib.suppress(Exception):  # the session may be gone
+        if is_connect(session):
+            session.interruptTag(group)
+        else:
+            session.sparkContext.cancelJobGroup(group)
