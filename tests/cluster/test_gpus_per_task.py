@@ -118,3 +118,16 @@ def test_capacity_counts_tasks_of_two_ranks(gpu2_spark):
     message = str(info.value)
     assert "np=6 (3 tasks of 2 ranks, one per GPU) needs 3 task slots" in message
     assert "Lower np to 4 or less" in message
+
+
+def test_a_task_of_two_ranks_splits_its_partition_between_them(cluster, gpu2_spark):
+    """np=4 given a DataFrame: each of the 2 tasks streams its partition to its 2 ranks, in
+    pieces of a batch, so every row reaches one rank once and each rank gets a share."""
+    from sparktrain.data import from_dataframe
+    from tests.fixtures import frame_trainers
+
+    frame = gpu2_spark.range(400).selectExpr("id")
+    results = SparkRunner(np=4).run_all(frame_trainers.read_ids, from_dataframe(frame, 10))
+    shares = [r["epochs"].get(0, []) for r in results]
+    assert sorted(i for share in shares for i in share) == list(range(400))
+    assert all(shares), [len(share) for share in shares]

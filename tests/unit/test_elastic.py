@@ -247,8 +247,17 @@ def test_no_grow_watch_for_fixed_runs_at_max_or_when_turned_off():
 # -- the attempts of an elastic run ---------------------------------------------------------
 
 
+class Context:
+    """A SparkContext whose settings bound nothing (its slots are the tests' to say)."""
+
+    master = "spark://test:7077"
+
+    def getConf(self) -> dict[str, str]:  # noqa: N802 - Spark's name
+        return {}
+
+
 class Session:
-    sparkContext: Any = object()
+    sparkContext: Any = Context()
 
 
 def run_attempts(config: RunConfig) -> Attempts:

@@ -21,8 +21,17 @@ REFUSAL = (
 )
 
 
+class Context:
+    """A SparkContext whose settings bound nothing (its slots are the tests' to say)."""
+
+    master = "spark://test:7077"
+
+    def getConf(self) -> dict[str, str]:  # noqa: N802 - Spark's name
+        return {}
+
+
 class Session:
-    sparkContext: Any = object()
+    sparkContext: Any = Context()
 
 
 def attempts(max_restarts: int) -> Attempts:
