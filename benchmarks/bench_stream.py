@@ -9,8 +9,8 @@ and an integer label, computed by Spark from ``spark.range``) is read by ``--np`
   barrier stage runs over ``df.repartition(np)`` and each task streams its partition's Arrow
   batches to its ranks; epochs after the first read each rank's local spill;
 * **stream, no step agreement**: the same, with the ranks joining their process group only
-  after reading, so the loader does not agree on each step (one all-reduce per batch): what
-  that agreement costs (a DDP loop pays it beside its own all-reduce per step);
+  once the loader is open, so the loader does not agree on each step (one all-reduce per
+  batch): what that agreement costs (a DDP loop pays it beside its own all-reduce per step);
 * **converter**: ``make_spark_converter(df, cache_dir=...)`` (Spark writes a Parquet copy
   into the cache folder), then ``run(train, converter=...)`` with
   ``make_torch_dataloader(batch_size, num_epochs=1)`` read ``--epochs`` times on each rank.
@@ -26,7 +26,8 @@ every batch's features (and ``--step-ms`` of sleep, if given). Per path it print
 * (c) the bytes written to the cache folder (the converter's Parquet copy; the stream writes
   none there) and, apart, the bytes the ranks spilled to their local disks;
 * (d) each rank's peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs`` before the loader
-  opens) above what it held then, the largest over the ranks;
+  opens) above what it held then, the largest over the ranks (without the step agreement,
+  joining the process group counts in it);
 
 and the whole path's time, then a table of ratios to the converter measured in the same round.
 Each path's row counts are checked before a ratio is printed: the converter reads every row in
@@ -109,8 +110,8 @@ def measured(job: dict[str, Any], read: Any, join_first: bool = True) -> dict[st
     """On a rank: join the process group, reset the peak RSS, ``read()``; every rank's result.
 
     ``read`` returns :func:`consume`'s dict and the bytes this rank spilled. With
-    ``join_first=False`` the group is joined after the read (the stream's loader then has no
-    group, so its ranks do not agree on each step).
+    ``join_first=False``, ``read`` joins the group itself, once its loader is open (a loader
+    opened before the group exists does not agree on each step).
     """
     import torch.distributed as dist
 
@@ -133,8 +134,6 @@ def measured(job: dict[str, Any], read: Any, join_first: bool = True) -> dict[st
     result, spilled = read()
     result["peak"] = status("VmHWM") - before if reset else -1
     result["spill"] = spilled
-    if not join_first:
-        dist.init_process_group("gloo")
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, result)
     dist.destroy_process_group()
@@ -144,9 +143,13 @@ def measured(job: dict[str, Any], read: Any, join_first: bool = True) -> dict[st
 def rank_stream(data: Any, job: dict[str, Any]) -> dict[str, Any]:
     """On every rank: the stream's loader, ``num_epochs`` epochs in one pass."""
 
+    import torch.distributed as dist
+
     def read() -> tuple[dict[str, Any], int]:
         spilled = [0]
         with data.loader() as batches:
+            if not dist.is_initialized():  # only now: this loader's ranks do not agree
+                dist.init_process_group("gloo")
 
             def epoch_of() -> int:
                 # The spill is whole once epoch 1 begins: its size is what the rank wrote.
