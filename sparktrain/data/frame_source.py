@@ -17,14 +17,16 @@ On a rank, ``source.loader()`` opens this rank's stream::
     SparkRunner(np=2).run(train, data=from_dataframe(df, batch_size=64, num_epochs=3))
 
 Every rank takes the same number of steps in each epoch when ``torch.distributed`` is
-initialized (a DDP or Horovod run): before each batch the ranks agree, with one all-reduce of
-one integer over a gloo group of the loader's own, whether every rank still has one, and the
-epoch ends for all at the first rank that has none (so no rank waits in a collective for a peer
-that finished its share). The rows a longer share holds beyond that are not seen in that epoch.
+initialized (a DDP or Horovod run): each rank reads up to :data:`LOOKAHEAD` batches ahead, and
+once per that many batches the ranks agree, with one all-reduce of one integer over a gloo
+group of the loader's own, on how many all of them have; the epoch ends for all when one rank
+has none left (so no rank waits in a collective for a peer that finished its share). The rows a
+longer share holds beyond that are not seen in that epoch.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -115,7 +117,7 @@ class FrameLoader:
     number of ranks the shares differ, so the saved epoch starts over.
     """
 
-    def __init__(self, stream: Any, num_epochs: int, agree: Callable[[bool], bool] | None) -> None:
+    def __init__(self, stream: Any, num_epochs: int, agree: Callable[[int], int] | None) -> None:
         self._stream = stream
         self.num_epochs = num_epochs
         self._agree = agree
@@ -130,7 +132,12 @@ class FrameLoader:
             yield from self.next_epoch()
 
     def next_epoch(self) -> Iterator[Any]:
-        """The next epoch's batches (after a resume: what is left of the saved one)."""
+        """The next epoch's batches (after a resume: what is left of the saved one).
+
+        Where the ranks agree, each rank reads up to :data:`LOOKAHEAD` batches ahead and the
+        ranks agree on how many of them all have, once per that many batches: every rank
+        then takes that many, and the epoch ends when one has none left.
+        """
         if self._started:
             self.epoch += 1
         self._started = True
@@ -140,16 +147,23 @@ class FrameLoader:
         self.steps = 0
         skip, self._skip = self._skip, 0
         batches = iter(self._stream)
+        ahead: collections.deque[Any] = collections.deque()
+        ended = False
         while True:
-            batch = next(batches, _END)
-            have = batch is not _END
-            if self._agree is not None:
-                have = self._agree(have)
-            if not have:
+            while not ended and len(ahead) < (LOOKAHEAD if self._agree else 1):
+                batch = next(batches, _END)
+                if batch is _END:
+                    ended = True
+                else:
+                    ahead.append(batch)
+            granted = self._agree(len(ahead)) if self._agree is not None else len(ahead)
+            if granted == 0:
                 break
-            self.steps += 1
-            if self.steps > skip:
-                yield batch
+            for _ in range(granted):
+                self.steps += 1
+                batch = ahead.popleft()
+                if self.steps > skip:
+                    yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the batches taken in it."""
@@ -179,12 +193,15 @@ class FrameLoader:
 
 
 STATE_FORMAT = "sparktrain.data.from_dataframe/1"
+# Batches each rank reads ahead where the ranks agree on their steps: they agree once per
+# this many (one all-reduce of one integer), and hold this many batches at most.
+LOOKAHEAD = 16
 _END = object()
 
 
-def _agreement() -> Callable[[bool], bool] | None:
-    """Whether every rank still has a batch, asked of all ranks at each step; None where
-    torch.distributed is not initialized (nothing then waits on a peer)."""
+def _agreement() -> Callable[[int], int] | None:
+    """The least of a number over all ranks; None where torch.distributed is not
+    initialized (nothing then waits on a peer)."""
     try:
         import torch
         import torch.distributed as dist
@@ -195,14 +212,14 @@ def _agreement() -> Callable[[bool], bool] | None:
     # A group of its own (gloo: a CPU integer, whatever the training's backend), so the
     # loader's all-reduce never meets the training's collectives.
     group = dist.new_group(backend="gloo")
-    flag = torch.zeros(1, dtype=torch.int32)
+    count = torch.zeros(1, dtype=torch.int64)
 
-    def agree(have: bool) -> bool:
-        flag.fill_(1 if have else 0)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-        return bool(flag.item())
+    def least(mine: int) -> int:
+        count.fill_(mine)
+        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
+        return int(count.item())
 
-    return agree
+    return least
 
 
 def from_dataframe(
