@@ -9,8 +9,8 @@ and an integer label, computed by Spark from ``spark.range``) is read by ``--np`
   barrier stage runs over ``df.repartition(np)`` and each task streams its partition's Arrow
   batches to its ranks; epochs after the first read each rank's local spill;
 * **stream, no step agreement**: the same, with the ranks joining their process group only
-  once the loader is open, so the loader does not agree on each step (one all-reduce per
-  batch): what that agreement costs (a DDP loop pays it beside its own all-reduce per step);
+  once the loader is open, so the loader does not agree on its steps (one all-reduce per 16
+  batches): what that agreement costs (a DDP loop pays it beside its own all-reduce per step);
 * **converter**: ``make_spark_converter(df, cache_dir=...)`` (Spark writes a Parquet copy
   into the cache folder), then ``run(train, converter=...)`` with
   ``make_torch_dataloader(batch_size, num_epochs=1)`` read ``--epochs`` times on each rank.
@@ -111,7 +111,7 @@ def measured(job: dict[str, Any], read: Any, join_first: bool = True) -> dict[st
 
     ``read`` returns :func:`consume`'s dict and the bytes this rank spilled. With
     ``join_first=False``, ``read`` joins the group itself, once its loader is open (a loader
-    opened before the group exists does not agree on each step).
+    opened before the group exists does not agree on its steps).
     """
     import torch.distributed as dist
 
