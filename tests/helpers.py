@@ -195,3 +195,20 @@ def remove_fake_gpus(jvm_pid: int) -> None:
     shutil.rmtree(
         Path(tempfile.gettempdir()) / f"sparktrain-fake-gpus.{jvm_pid}", ignore_errors=True
     )
+
+
+def bench_module(name: str) -> Any:
+    """``benchmarks/<name>.py`` as a module (it imports its neighbour instruments.py)."""
+    import importlib.util
+    import sys
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module

@@ -3,7 +3,6 @@ rot: every method's row, every ratio, every load, and its temporary folder remov
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import subprocess
 import sys
@@ -13,21 +12,14 @@ from typing import Any
 import pytest
 
 from sparktrain import checkpoint
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_checkpoint.py"
 
 
 def bench_module() -> Any:
-    sys.path.insert(0, str(BENCH.parent))  # it imports its neighbour instruments.py
-    try:
-        spec = importlib.util.spec_from_file_location("bench_checkpoint", BENCH)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH.parent))
-    return module
+    return helpers.bench_module("bench_checkpoint")
 
 
 def test_every_size_loads_what_it_and_every_other_size_saved() -> None:

@@ -4,28 +4,16 @@ the ratio table. Its quick run on a Spark session is tests/spark/test_bench_stre
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "bench_stream.py"
+from tests import helpers
 
 
 def bench_module() -> Any:
-    sys.path.insert(0, str(BENCH.parent))  # it imports its neighbour instruments.py
-    try:
-        spec = importlib.util.spec_from_file_location("bench_stream", BENCH)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH.parent))
-    return module
+    return helpers.bench_module("bench_stream")
 
 
 def test_a_rank_counts_each_epochs_rows_and_times_every_epoch() -> None:
