@@ -54,6 +54,8 @@ class DataFrameSource:
         transform: called on each batch dict on the rank; its result is what the loop gets.
         shuffle_buffer: rows a rank holds for its shuffle.
         window: batches each rank may hold unread in its stream (the task waits beyond).
+        global_shuffle: send each row to a task by a hash seeded with ``seed`` (see
+            :func:`from_dataframe`).
     """
 
     batch_size: int
@@ -65,6 +67,7 @@ class DataFrameSource:
     transform: Callable[[Batch], Any] | None = None
     shuffle_buffer: int = 10_000
     window: int = 2
+    global_shuffle: bool = False
     dataframe: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -233,6 +236,7 @@ def from_dataframe(
     transform: Callable[[Batch], Any] | None = None,
     shuffle_buffer: int = 10_000,
     window: int = 2,
+    global_shuffle: bool = False,
 ) -> DataFrameSource:
     """Describe how a run's ranks read ``df``, streamed from its partitions (no copy).
 
@@ -253,6 +257,13 @@ def from_dataframe(
         transform: called on each batch on the rank (e.g. decode bytes); must pickle.
         shuffle_buffer: rows held for the shuffle on each rank.
         window: batches each rank may hold unread before its task waits (memory bound).
+        global_shuffle: the stage's repartition sends each row to a task by a hash of the
+            row and ``seed`` instead of dealing rows round-robin: any row may reach any rank,
+            once per run (every epoch then shuffles within that share). It costs no more
+            than the round-robin repartition (the same one shuffle), but the shares are no
+            longer near equal, so the equal-steps rule leaves more rows unseen each epoch
+            (about the square root of a share's size). With ``np < 0`` the driver reads the
+            DataFrame sorted by that hash (one sort).
 
     Raises:
         ConfigurationError: a value out of range, a column ``df`` does not have, or one of a
@@ -300,5 +311,6 @@ def from_dataframe(
         transform=transform,
         shuffle_buffer=shuffle_buffer,
         window=window,
+        global_shuffle=bool(global_shuffle),
         dataframe=df,
     )

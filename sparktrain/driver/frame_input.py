@@ -3,6 +3,7 @@ arguments, checked before anything starts, and turned into what the stage runs o
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,8 +42,39 @@ def frame_source(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any | None:
     return source
 
 
-def stage_frame(source: Any, session: Any, config: RunConfig) -> Any:
-    """The DataFrame the run's stage runs over (its columns chosen), once checked.
+@dataclasses.dataclass(frozen=True)
+class StageFrame:
+    """What a run given a DataFrame runs its stage over.
+
+    Attributes:
+        frame: the DataFrame, its columns chosen.
+        shuffle_seed: with a global shuffle, the seed of the hash that sends each row to a
+            task (None: rows are dealt to the tasks round-robin, in near-equal shares).
+    """
+
+    frame: Any
+    shuffle_seed: int | None = None
+
+    def partitioned(self, n: int) -> Any:
+        """The frame in ``n`` partitions, one per task (Spark's shuffle, to local disks)."""
+        if self.shuffle_seed is None:
+            return self.frame.repartition(n)
+        return self.frame.repartition(n, self._key())
+
+    def ordered(self) -> Any:
+        """The frame as the driver reads it for local ranks: in a seeded order with a global
+        shuffle (one sort), else as it is."""
+        return self.frame if self.shuffle_seed is None else self.frame.orderBy(self._key())
+
+    def _key(self) -> Any:
+        from pyspark.sql import functions as F  # noqa: N812 - Spark's own spelling
+
+        columns = [F.col(f"`{name}`") for name in self.frame.columns]
+        return F.xxhash64(F.lit(self.shuffle_seed), *columns)
+
+
+def stage_frame(source: Any, session: Any, config: RunConfig) -> StageFrame:
+    """What the run's stage runs over (the DataFrame, its columns chosen), once checked.
 
     Raises:
         ConfigurationError: the run cannot read it: launcher='mpi', a DataFrame of a
@@ -73,4 +105,5 @@ def stage_frame(source: Any, session: Any, config: RunConfig) -> Any:
             )
     if source.columns is not None:
         frame = frame.select(*source.columns)
-    return frame
+    seed = (source.seed or 0) if source.global_shuffle else None
+    return StageFrame(frame, seed)

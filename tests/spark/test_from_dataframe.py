@@ -116,3 +116,34 @@ def test_a_local_run_stopped_while_the_driver_computes_a_partition_ends(
     with pytest.raises(CancelledError):
         handle.result(60)
     wait_for(lambda: not tracker.getActiveJobsIds(), 60, "the reader's job cancelled")
+
+
+def test_a_global_shuffle_sends_any_row_to_any_rank_the_same_for_a_seed(
+    mode: str, spark: Any
+) -> None:
+    frame = _frame(spark, 200)
+
+    def shares(**options: Any) -> list[list[int]]:
+        data = from_dataframe(frame, batch_size=8, columns=["id"], **options)
+        results = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, data)
+        return [r["epochs"].get(0, []) for r in results]
+
+    plain = shares()
+    mixed = shares(global_shuffle=True, seed=11)
+    assert sorted(mixed[0] + mixed[1]) == list(range(200)) and all(mixed)
+    assert [sorted(s) for s in mixed] != [sorted(s) for s in plain]
+    again = shares(global_shuffle=True, seed=11)
+    assert [sorted(s) for s in again] == [sorted(s) for s in mixed]
+    other = shares(global_shuffle=True, seed=12)
+    assert [sorted(s) for s in other] != [sorted(s) for s in mixed]
+
+
+def test_empty_shares_end_the_epoch_for_every_rank_without_a_hang(mode: str, spark: Any) -> None:
+    one_row = from_dataframe(spark.range(1), batch_size=4)
+    results = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, one_row, agree=True)
+    assert [r["steps"] for r in results] == [{}, {}]  # the rank with no row has no step
+    alone = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, one_row)
+    assert sorted(i for r in alone for i in r["epochs"].get(0, [])) == [0]
+    empty = from_dataframe(spark.range(0), batch_size=4)
+    results = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, empty, agree=True)
+    assert [r["epochs"] for r in results] == [{}, {}]

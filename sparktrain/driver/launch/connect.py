@@ -179,7 +179,7 @@ class ConnectLaunch:
                 source = (
                     _tasks_frame(self.spark, self.n)
                     if self.frame is None
-                    else self.frame.repartition(self.n)
+                    else self.frame.partitioned(self.n)
                 )
                 stage = source.mapInArrow(task, record_schema(), barrier=True)
                 records = [pickle.loads(value) for value in _column(stage, RECORD_COLUMN)]

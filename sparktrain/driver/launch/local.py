@@ -71,12 +71,13 @@ class LocalLaunch:
         return f"the local supervisor failed: {type(error).__name__}: {error}"
 
 
-def _read(frame: Any, group: str, read: list[bool]) -> Iterator[Any]:
+def _read(stage: Any, group: str, read: list[bool]) -> Iterator[Any]:
     """``frame``'s batches, read in the thread that iterates, in the Spark job group (or
     Connect tag) ``group``; ``read[0]`` is set once the last was."""
     from sparktrain.data.stream import dataframe_batches
     from sparktrain.driver.launch.connect import is_connect
 
+    frame = stage.ordered()
     session = frame.sparkSession
     if is_connect(session):
         session.addTag(group)
@@ -93,11 +94,11 @@ def _read(frame: Any, group: str, read: list[bool]) -> Iterator[Any]:
                 session.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
 
-def _cancel(frame: Any, group: str) -> None:
-    """Cancel what is left of the Spark jobs reading ``frame`` (none, when it was read)."""
+def _cancel(stage: Any, group: str) -> None:
+    """Cancel what is left of the Spark jobs reading ``stage``'s frame."""
     from sparktrain.driver.launch.connect import is_connect
 
-    session = frame.sparkSession
+    session = stage.frame.sparkSession
     with contextlib.suppress(Exception):  # the session may be gone
         if is_connect(session):
             session.interruptTag(group)
