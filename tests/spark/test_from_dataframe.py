@@ -147,3 +147,28 @@ def test_empty_shares_end_the_epoch_for_every_rank_without_a_hang(mode: str, spa
     empty = from_dataframe(spark.range(0), batch_size=4)
     results = SparkRunner(np=ranks(mode, 2)).run_all(frame_trainers.read_ids, empty, agree=True)
     assert [r["epochs"] for r in results] == [{}, {}]
+
+
+def test_a_rank_killed_mid_epoch_restarts_and_reads_each_row_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The loader's place saved every 4 batches; a SIGKILL at batch 6 of epoch 1 restarts the
+    run, which goes on from batch 4: with the batches read after it dropped (the model's state
+    is that of the checkpoint), every row is read once in each epoch, none twice."""
+    folder, logs = tmp_path / "ckpt", tmp_path / "logs"
+    logs.mkdir()
+    # 24 pieces of 8 rows, 12 to each rank: equal shares, so the equal-steps rule drops none.
+    data = from_dataframe(_frame(spark, 192), batch_size=8, num_epochs=2, shuffle=True, seed=2)
+    runner = SparkRunner(np=-2, max_restarts=1, grace_period=2)
+    runner.run(frame_trainers.resume_reading, data, str(folder), str(logs))
+    assert len(runner.attempts) == 2
+    read: dict[int, list[int]] = {0: [], 1: []}
+    for rank in (0, 1):
+        for attempt in (0, 1):
+            for line in (logs / f"{rank}-{attempt}.ids").read_text().splitlines():
+                epoch, step, *ids = (int(v) for v in line.split())
+                if attempt == 0 and (epoch, step) > (1, 4):
+                    continue  # after the checkpoint the restart went on from
+                read[epoch].extend(ids)
+    assert sorted(read[0]) == list(range(192))
+    assert sorted(read[1]) == list(range(192))
