@@ -38,9 +38,9 @@ def test_matching_versions_pass_checked_by_the_first_stage_alone(connect, monkey
     launched: list[dict[str, str] | None] = []
     real_launch = connect_launch.ConnectLaunch.__init__
 
-    def counted_launch(self, spark, job, description):
+    def counted_launch(self, spark, job, description, frame=None):
         launched.append(job.client_versions)
-        real_launch(self, spark, job, description)
+        real_launch(self, spark, job, description, frame)
 
     mapped: list[bool] = []
     real_map = DataFrame.mapInArrow

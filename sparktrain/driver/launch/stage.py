@@ -9,14 +9,11 @@ import pickle
 import re
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparktrain.shipping.python_probe import executor_python, pin_python
 from sparktrain.shipping.spark_errors import describe_spark_error
 from sparktrain.task.entry import TaskJob
-
-if TYPE_CHECKING:
-    from sparktrain.driver.frame_input import StageFrame
 
 
 class SparkLaunch:
@@ -28,9 +25,7 @@ class SparkLaunch:
         description: the Spark job description shown in the UI.
     """
 
-    def __init__(
-        self, spark: Any, job: TaskJob, description: str, frame: StageFrame | None = None
-    ) -> None:
+    def __init__(self, spark: Any, job: TaskJob, description: str, frame: Any = None) -> None:
         self.sc = spark.sparkContext
         # A run given a DataFrame: the stage runs over its partitions (see _frame_stage).
         self.frame = frame
@@ -100,10 +95,11 @@ def _task(job: TaskJob, payload: Any) -> Callable[[Any], Any]:
     return task
 
 
-def _frame_stage(frame: StageFrame, n: int, job: TaskJob, payload: Any) -> list[dict[str, Any]]:
-    """The barrier stage over a DataFrame's ``n`` partitions: ``mapInArrow(barrier=True)``
-    hands each task its partition's Arrow batches, which it streams to its ranks; its records
-    come back as rows of one binary column, as from a Spark Connect session."""
+def _frame_stage(frame: Any, n: int, job: TaskJob, payload: Any) -> list[dict[str, Any]]:
+    """The barrier stage over ``frame`` (a :class:`~sparktrain.driver.frame_input.StageFrame`)
+    in ``n`` partitions: ``mapInArrow(barrier=True)`` hands each task its partition's Arrow
+    batches, which it streams to its ranks; its records come back as rows of one binary
+    column, as from a Spark Connect session."""
     from sparktrain.shipping.python_probe import sparktrain_python
     from sparktrain.task.connect_stage import RECORD_COLUMN, record_schema
 
