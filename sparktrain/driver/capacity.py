@@ -6,6 +6,7 @@ log line to show for it; we refuse up front with what was found and what to chan
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -155,108 +156,187 @@ def check_capacity(
     Raises:
         CapacityError: dynamic allocation is on, or too few slots, naming the settings.
     """
-    k = ranks_per_task
-    # How the run's size reads in messages: np, and the tasks it makes when they differ.
-    need = f"np={n * k}" + (f" ({n} tasks of {k} ranks, one per GPU)" if k > 1 else "")
     conf = sc.getConf()
+    _refuse_dynamic_allocation(conf)
+    check = _Check(sc, n, ranks_per_task, wait, since, held, most_slots(sc.master, conf))
+    began = time.time()
+    deadline = (since if since is not None else sc.startTime / 1000.0) + wait
+    if check.promised_from_now:
+        # A busy host can take longer than capacity_wait to bring a new session up (its start
+        # time is set when the context begins, not when the caller gets it), so a run that
+        # finds promised executors missing gets the whole wait from now.
+        deadline = max(deadline, began + wait)
+    total = _wait_for_slots(check, deadline)
+    if total is not None:
+        raise _too_few(check, conf, total, began)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Check:
+    """One capacity check: what the run needs, and what the application's settings give it.
+
+    Attributes:
+        sc: the SparkContext.
+        n: the task slots the run needs.
+        k: ranks per task.
+        wait: ``capacity_wait``, in seconds.
+        since: when the wait started (epoch seconds), where the caller moved it.
+        held: slots the other runs of this process hold.
+        ceiling: the most slots the application's settings ever give it, and how that was
+            found (see :func:`most_slots`); None where they do not bound it.
+    """
+
+    sc: Any
+    n: int
+    k: int
+    wait: float
+    since: float | None
+    held: int
+    ceiling: tuple[int, str] | None
+
+    @property
+    def need(self) -> str:
+        """How the run's size reads in messages: np, and the tasks it makes when they differ."""
+        k = self.k
+        return f"np={self.n * k}" + (
+            f" ({self.n} tasks of {k} ranks, one per GPU)" if k > 1 else ""
+        )
+
+    @property
+    def promised(self) -> bool:
+        """The application's own settings give it slots enough: those missing are still coming."""
+        return self.ceiling is not None and self.ceiling[0] >= self.n
+
+    @property
+    def promised_from_now(self) -> bool:
+        """Promised, and the wait not moved by the caller: it counts from the run's start."""
+        return self.promised and self.since is None
+
+
+def _refuse_dynamic_allocation(conf: Any) -> None:
+    """Barrier tasks need a fixed set of executors: refuse where dynamic allocation is on."""
     if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
         raise CapacityError(
             "barrier tasks need a fixed set of executors, but dynamic allocation is on: set "
             "spark.dynamicAllocation.enabled=false (and spark.executor.instances) for this "
             "application"
         )
-    ceiling = most_slots(sc.master, conf)
-    # The application's own settings give it slots enough: those missing are still coming.
-    promised = ceiling is not None and ceiling[0] >= n
-    began = time.time()
-    deadline = (since if since is not None else sc.startTime / 1000.0) + wait
-    if promised and since is None:
-        # A busy host can take longer than capacity_wait to bring a new session up (its start
-        # time is set when the context begins, not when the caller gets it), so a run that
-        # finds promised executors missing gets the whole wait from now.
-        deadline = max(deadline, began + wait)
+
+
+def _wait_for_slots(check: _Check, deadline: float) -> int | None:
+    """Look at the cluster until ``check.n`` slots are free (None), or ``deadline`` passed
+    with too few (the slots it has then).
+
+    Raises:
+        CapacityError: at once, where waiting longer cannot give the slots.
+    """
     busy_deadline: float | None = None
     told_registering = False
     seen = -1
     while True:
-        total = total_slots(sc)
-        if promised and seen >= 0 and total > seen:
+        total = total_slots(check.sc)
+        if check.promised and seen >= 0 and total > seen:
             # Another executor registered: they are still coming; the wait starts again.
-            deadline = max(deadline, time.time() + wait)
+            deadline = max(deadline, time.time() + check.wait)
         seen = total
         # The other runs' tasks are among the busy ones once Spark runs them.
-        busy = max(busy_slots(sc), held)
-        if total - busy >= n:
-            return
+        busy = max(busy_slots(check.sc), check.held)
+        if total - busy >= check.n:
+            return None
         now = time.time()
-        if held and total >= n and total - held < n:
-            raise CapacityError(
-                f"{need} needs {n} free task slots at once, but other runs of this process "
-                f"still going hold {held} of the cluster's {total} slots: wait for them "
-                "(handle.result()), cancel one (handle.cancel()), or lower np to "
-                f"{(total - held) * k} or less"
-            )
-        if total >= n and busy:
-            # Tasks of a job that was just cancelled (a failed run) take a moment to end.
-            if busy_deadline is None:
-                busy_deadline = now + min(wait, BUSY_WAIT)
-                _log.info(
-                    "%s: %d of the cluster's %d task slots are busy with other jobs; "
-                    "waiting up to %.0fs for them to free up",
-                    need,
-                    busy,
-                    total,
-                    busy_deadline - now,
-                )
-            if now >= busy_deadline:
-                raise CapacityError(
-                    f"{need} needs {n} free task slots at once, but {busy} of the cluster's "
-                    f"{total} slots are busy with other jobs; wait for them, or lower np"
-                )
-        elif ceiling is not None and ceiling[0] < n:
+        _refuse_beside_held(check, total)
+        if total >= check.n and busy:
+            busy_deadline = _wait_for_busy(check, busy, total, now, busy_deadline)
+        elif check.ceiling is not None and check.ceiling[0] < check.n:
             # More executors cannot come: waiting for them would only delay the refusal.
-            most, how = ceiling
-            lower = f"Lower np to {most * k} or less, or give" if most > 0 else "Give"
-            raise CapacityError(
-                f"{need} needs {n} task slots at once (barrier mode), but this application "
-                f"can never run more than {most} ({how}). {lower} the application more "
-                "executors or cores when it starts (spark.executor.instances, "
-                "spark.executor.cores)."
-            )
+            raise _never_enough(check, *check.ceiling)
         elif now >= deadline:
-            break
+            return total
         elif not told_registering:
             told_registering = True
             _log.info(
                 "%s needs %d task slots at once and the cluster has %d so far; waiting up "
                 "to %.0fs for executors to register (%s)",
-                need,
-                n,
+                check.need,
+                check.n,
                 total,
                 deadline - now,
                 conf_key("capacity_wait"),
             )
         time.sleep(POLL_INTERVAL)  # executors register with no event Python can wait on
+
+
+def _refuse_beside_held(check: _Check, total: int) -> None:
+    """Refuse where the cluster has slots enough, but not beside the other runs' of this
+    process (they free theirs only when they end, which may be hours)."""
+    held, n = check.held, check.n
+    if held and total >= n and total - held < n:
+        raise CapacityError(
+            f"{check.need} needs {n} free task slots at once, but other runs of this process "
+            f"still going hold {held} of the cluster's {total} slots: wait for them "
+            "(handle.result()), cancel one (handle.cancel()), or lower np to "
+            f"{(total - held) * check.k} or less"
+        )
+
+
+def _wait_for_busy(
+    check: _Check, busy: int, total: int, now: float, busy_deadline: float | None
+) -> float:
+    """The cluster has slots enough, but other jobs' tasks hold some (those of a job just
+    cancelled, a failed run, take a moment to end): the deadline to wait for them, set and
+    told the first time; refuse once it has passed."""
+    if busy_deadline is None:
+        busy_deadline = now + min(check.wait, BUSY_WAIT)
+        _log.info(
+            "%s: %d of the cluster's %d task slots are busy with other jobs; "
+            "waiting up to %.0fs for them to free up",
+            check.need,
+            busy,
+            total,
+            busy_deadline - now,
+        )
+    if now >= busy_deadline:
+        raise CapacityError(
+            f"{check.need} needs {check.n} free task slots at once, but {busy} of the cluster's "
+            f"{total} slots are busy with other jobs; wait for them, or lower np"
+        )
+    return busy_deadline
+
+
+def _never_enough(check: _Check, most: int, how: str) -> CapacityError:
+    """The application's settings never give it ``check.n`` slots (``most``, found by ``how``)."""
+    lower = f"Lower np to {most * check.k} or less, or give" if most > 0 else "Give"
+    return CapacityError(
+        f"{check.need} needs {check.n} task slots at once (barrier mode), but this application "
+        f"can never run more than {most} ({how}). {lower} the application more "
+        "executors or cores when it starts (spark.executor.instances, "
+        "spark.executor.cores)."
+    )
+
+
+def _too_few(check: _Check, conf: Any, total: int, began: float) -> CapacityError:
+    """The wait is over and the cluster has ``total`` slots, too few: what to change."""
+    need, n, k = check.need, check.n, check.k
     task_cpus = conf.get("spark.task.cpus", "1")
     gpus = conf.get("spark.task.resource.gpu.amount")
     per_task = f"spark.task.cpus={task_cpus}" + (
         f", spark.task.resource.gpu.amount={gpus}" if gpus else ""
     )
-    if promised and since is None:
-        assert ceiling is not None
-        most, how = ceiling
+    if check.promised_from_now:
+        assert check.ceiling is not None
+        most, how = check.ceiling
         lower = f", or lower np to {total * k} or less" if total > 0 else ""
-        raise CapacityError(
+        return CapacityError(
             f"{need} needs {n} task slots at once (barrier mode). This application's settings "
             f"give it {most} ({how}), but the cluster has {total} after waiting "
             f"{time.time() - began:.0f}s: the executors missing are still starting (a busy "
             "host can take minutes) or cannot start (see their logs, e.g. the Spark UI's "
             f"Executors tab). Raise capacity_wait ({conf_key('capacity_wait')}, now "
-            f"{wait:g}s){lower}."
+            f"{check.wait:g}s){lower}."
         )
     lower = f"Lower np to {total * k} or less, or add" if total > 0 else "Add"
-    raise CapacityError(
+    return CapacityError(
         f"{need} needs {n} task slots at once (barrier mode), but the cluster has {total} "
-        f"({per_task}, master {sc.master}). {lower} executors or cores "
+        f"({per_task}, master {check.sc.master}). {lower} executors or cores "
         "(spark.executor.instances, spark.executor.cores)."
     )
