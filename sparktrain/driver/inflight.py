@@ -181,40 +181,83 @@ def take_turn(
     waited: Line | None = None
     try:
         while True:
-            with _lock:
-                runs = _places.get(application, {})
-                alone = _held(application, token) == 0 and not _ahead(runs, runs[token])
             # The cluster's size matters only beside other runs (a Py4J call: not under the lock).
-            slots_now = None if alone else total()
+            slots_now = None if _alone(application, token) else total()
             with _changed:
-                runs = _places.get(application, {})
-                place = runs[token]
-                ahead = _ahead(runs, place)
-                held = _held(application, token)
-                if slots_now is None:
-                    if held or ahead:
-                        continue  # another run came meanwhile: read the cluster's size
-                    slots_now = place.slots  # alone: whatever the size, it is its turn
-                fits = held == 0 or slots_now - held >= place.slots
-                never = most is not None and most < place.slots
-                if not ahead and (fits or never):
-                    place.admitted = True
-                    _changed.notify_all()  # the next in line may fit beside it
-                    return held
-                line = Line(place.slots, held, slots_now, len(ahead) + 1)
-                if stop is not None and stop.requested:
-                    raise CancelledError(f"cancelled while {line}")
-                left = None if wait is None else wait - (time.monotonic() - started)
-                if left is not None and left <= 0:
-                    raise refuse(line, waited is not None)
-                if line != waited:
-                    waited = line
+                turn = _admit(application, token, slots_now, most)
+                if turn is None:
+                    continue  # another run came meanwhile: read the cluster's size
+                if not isinstance(turn, Line):
+                    return turn  # admitted: the slots the other runs hold
+                left = _time_left(turn, waited is not None, started, wait, stop, refuse)
+                if turn != waited:
+                    waited = turn
                     if on_wait is not None:
-                        on_wait(line)
+                        on_wait(turn)
                 _changed.wait(RECHECK if left is None else min(left, RECHECK))
     finally:
         if on_wait is not None:
             on_wait(None)
+
+
+def _alone(application: str, token: int) -> bool:
+    """Whether no other run of this process holds slots of ``application`` or is ahead of
+    the run of ``token``."""
+    with _lock:
+        runs = _places.get(application, {})
+        return _held(application, token) == 0 and not _ahead(runs, runs[token])
+
+
+def _admit(
+    application: str, token: int, slots_now: int | None, most: int | None
+) -> int | Line | None:
+    """With the lock held: admit the run of ``token`` if it is its turn (see :func:`take_turn`).
+
+    Args:
+        slots_now: the cluster's task slots; None where the run was found alone.
+
+    Returns:
+        The slots the other runs hold, once admitted; else the :class:`Line` it waits in;
+        None where it was found alone and another run came since (read the size then).
+    """
+    runs = _places.get(application, {})
+    place = runs[token]
+    ahead = _ahead(runs, place)
+    held = _held(application, token)
+    if slots_now is None:
+        if held or ahead:
+            return None
+        slots_now = place.slots  # alone: whatever the size, it is its turn
+    fits = held == 0 or slots_now - held >= place.slots
+    never = most is not None and most < place.slots
+    if not ahead and (fits or never):
+        place.admitted = True
+        _changed.notify_all()  # the next in line may fit beside it
+        return held
+    return Line(place.slots, held, slots_now, len(ahead) + 1)
+
+
+def _time_left(
+    line: Line,
+    waited: bool,
+    started: float,
+    wait: float | None,
+    stop: StopSignal | None,
+    refuse: Callable[[Line, bool], BaseException],
+) -> float | None:
+    """Seconds a run waiting in ``line`` since ``started`` may wait on (None: no bound);
+    ``waited``: whether it has waited already (``refuse`` is told).
+
+    Raises:
+        CancelledError: a stop was requested.
+        BaseException: what ``refuse`` gives, where the run may wait no longer.
+    """
+    if stop is not None and stop.requested:
+        raise CancelledError(f"cancelled while {line}")
+    left = None if wait is None else wait - (time.monotonic() - started)
+    if left is not None and left <= 0:
+        raise refuse(line, waited)
+    return left
 
 
 def _ahead(runs: dict[int, Place], place: Place) -> list[Place | int]:
