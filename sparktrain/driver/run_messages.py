@@ -64,6 +64,8 @@ class RunMessages(RunOutcome):
         return sorted(set(self.task_conns.values()))
 
     def _handle(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """Read one message from connection ``conn_id``; returns the error that stops the run,
+        where it calls for that."""
         if message.get("type") == CLOSED:
             return self._closed(conn_id)
         kind = protocol.parse(message, protocol.TO_DRIVER)
@@ -77,57 +79,99 @@ class RunMessages(RunOutcome):
             self.hang.activity(message["rank"], time.monotonic())
         if kind is protocol.COLLECTIVES:
             self.hang.moved(message["counts"], time.monotonic())
-        if kind is protocol.LOGS:
-            self.lines.batch(message)
-        elif kind is protocol.LOG:
-            self.lines.line(message["rank"], message["line"])
-        elif kind is protocol.USER_LOG:
-            self.lines.line(message["rank"], message["message"])
-        elif kind is protocol.REPORT:
-            if self.on_report is not None:
-                self.on_report(message)
-        elif kind is protocol.SAVED:
-            if self.on_saved is not None and message["rank"] == 0 and self.stop_reason is None:
-                return self.on_saved(message["step"])
-        elif kind is protocol.STACK:
-            state = WorkerFailure.from_json(message["record"])
-            if message["stopped"]:
-                self.stopped.setdefault(state.rank, state)
-            elif self.stop_reason is None:
-                _log.warning("%s", state.describe(tail_lines=10))
-        elif kind is protocol.HELLO:
-            index = message["index"]
-            self.times.setdefault("hello", time.monotonic())
-            self.arrived.add(index)
-            self.task_conns.setdefault(index, conn_id)
-            self.infos.setdefault(index, message["info"])
-            if self.stop_reason is not None:
-                # It arrived after the stop went out: it must not start its ranks either.
-                self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
-            elif len(self.arrived) == self.n and not self.go_sent:
-                return self._go()
-        elif kind is protocol.PROBED:
-            vote = self.vote
-            chosen = None if vote is None else vote.add(message["index"], message["reached"])
-            if chosen is not None and chosen[0] is None:
-                return ConfigurationError(str(chosen[1]))
-            if chosen is not None:
-                self.server.broadcast(protocol.CHOSEN(ifname=chosen[0]), self._connections())
-        elif kind is protocol.SHARED:
-            # What rank 0's task prepared (e.g. Horovod's rendezvous server), for every task.
-            self.server.broadcast(message, self._connections())
-        elif kind is protocol.STARTED:
-            self.started[message["rank"]] = message
-        elif kind is protocol.FAILURE:
-            if self._failed(WorkerFailure.from_json(message["failure"])):
-                return WorkerFailedError(self.failures)
-        elif kind is protocol.EXITED:
-            self.exited.add(message["index"])
-        elif kind is protocol.RESULT_CHUNK:
-            self.results.chunk(message)
-        elif kind is protocol.RESULT_END:
-            error = self.results.end(message)
-            self.server.send(conn_id, protocol.RESULT_SAVED(ok=error is None, error=error or ""))
+        read = _READERS.get(kind)
+        return None if read is None else read(self, conn_id, message)
+
+    def _read_logs(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A batch of a rank's output lines."""
+        self.lines.batch(message)
+        return None
+
+    def _read_log(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """One line of a rank's output."""
+        self.lines.line(message["rank"], message["line"])
+        return None
+
+    def _read_user_log(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A line the user's function logged."""
+        self.lines.line(message["rank"], message["message"])
+        return None
+
+    def _read_report(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A rank's report, for whoever asked for them."""
+        if self.on_report is not None:
+            self.on_report(message)
+        return None
+
+    def _read_saved(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A checkpoint saved: rank 0's, while the run goes on, may stop it (see ``on_saved``)."""
+        if self.on_saved is not None and message["rank"] == 0 and self.stop_reason is None:
+            return self.on_saved(message["step"])
+        return None
+
+    def _read_stack(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A rank's stacks: kept where the rank was stopped, shown where it still runs."""
+        state = WorkerFailure.from_json(message["record"])
+        if message["stopped"]:
+            self.stopped.setdefault(state.rank, state)
+        elif self.stop_reason is None:
+            _log.warning("%s", state.describe(tail_lines=10))
+        return None
+
+    def _read_hello(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A task reached the rendezvous: once all have, the layout goes out."""
+        index = message["index"]
+        self.times.setdefault("hello", time.monotonic())
+        self.arrived.add(index)
+        self.task_conns.setdefault(index, conn_id)
+        self.infos.setdefault(index, message["info"])
+        if self.stop_reason is not None:
+            # It arrived after the stop went out: it must not start its ranks either.
+            self.server.send(conn_id, protocol.ABORT(reason=self.stop_reason))
+        elif len(self.arrived) == self.n and not self.go_sent:
+            return self._go()
+        return None
+
+    def _read_probed(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A task's vote on the network interface: once chosen, every task is told."""
+        vote = self.vote
+        chosen = None if vote is None else vote.add(message["index"], message["reached"])
+        if chosen is not None and chosen[0] is None:
+            return ConfigurationError(str(chosen[1]))
+        if chosen is not None:
+            self.server.broadcast(protocol.CHOSEN(ifname=chosen[0]), self._connections())
+        return None
+
+    def _read_shared(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """What rank 0's task prepared (e.g. Horovod's rendezvous server), for every task."""
+        self.server.broadcast(message, self._connections())
+        return None
+
+    def _read_started(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A rank's process started."""
+        self.started[message["rank"]] = message
+        return None
+
+    def _read_failure(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A rank failed: the run stops, unless it only followed a stop (see ``_failed``)."""
+        if self._failed(WorkerFailure.from_json(message["failure"])):
+            return WorkerFailedError(self.failures)
+        return None
+
+    def _read_exited(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A task's ranks exited: its connection ending later loses nothing."""
+        self.exited.add(message["index"])
+        return None
+
+    def _read_result_chunk(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A piece of a rank's result."""
+        self.results.chunk(message)
+        return None
+
+    def _read_result_end(self, conn_id: int, message: dict[str, Any]) -> SparkTrainError | None:
+        """A rank's result is whole: the task is told whether it was kept."""
+        error = self.results.end(message)
+        self.server.send(conn_id, protocol.RESULT_SAVED(ok=error is None, error=error or ""))
         return None
 
     def _go(self) -> SparkTrainError | None:
@@ -177,3 +221,25 @@ class RunMessages(RunOutcome):
                 self.failures.setdefault(failure.rank, failure)
                 return WorkerFailedError(self.failures)
         return None
+
+
+# How the driver reads each kind of message; the others (ACTIVE, COLLECTIVES) only feed the
+# stall and hang watches, in RunMessages._handle.
+_READERS: dict[
+    protocol.Kind, Callable[[RunMessages, int, dict[str, Any]], SparkTrainError | None]
+] = {
+    protocol.LOGS: RunMessages._read_logs,
+    protocol.LOG: RunMessages._read_log,
+    protocol.USER_LOG: RunMessages._read_user_log,
+    protocol.REPORT: RunMessages._read_report,
+    protocol.SAVED: RunMessages._read_saved,
+    protocol.STACK: RunMessages._read_stack,
+    protocol.HELLO: RunMessages._read_hello,
+    protocol.PROBED: RunMessages._read_probed,
+    protocol.SHARED: RunMessages._read_shared,
+    protocol.STARTED: RunMessages._read_started,
+    protocol.FAILURE: RunMessages._read_failure,
+    protocol.EXITED: RunMessages._read_exited,
+    protocol.RESULT_CHUNK: RunMessages._read_result_chunk,
+    protocol.RESULT_END: RunMessages._read_result_end,
+}
