@@ -25,7 +25,6 @@ import gpu_workloads as work
 from instruments import rank0_forked
 
 SUITE = Path(__file__).resolve().with_name("gpu_suite.py")
-NOT_AVAILABLE = "not available in this version"
 PLAIN = "the same function in a fresh plain process"
 
 # Sizes: the issue's on a GPU, tiny for the CPU dry run (which only proves the code paths).
@@ -164,18 +163,19 @@ def seed_case(ctx: Context, workload: str) -> list[dict[str, Any]]:
 def _np_k_rows(
     ctx: Context, label: str, spec: dict[str, Any], plain_whole: float, plain_step: float
 ) -> list[dict[str, Any]]:
-    """The same at np=-k, one rank per GPU (k ranks on the CPU for a dry run)."""
+    """The same at np=-k, one rank per GPU where k > 1 GPUs exist; two ranks on the CPU
+    (gloo) for a dry run, so that the path a machine of several GPUs takes is run here."""
     import torch
 
     name = f"{label}, np=-k"
-    if ctx.dry:  # kept out of the dry run for time: the same call as np=-1's, with k ranks
-        return [skipped(name, "dry run: one rank per call")]
-    k = torch.cuda.device_count()
+    k = 2 if ctx.dry else torch.cuda.device_count()
     if k < 2:
         return [skipped(name, f"{k} GPU here: np=-k needs k > 1 (NCCL: one rank per GPU)")]
     runner = ctx.runner(horovod=True, np=-k)
     _, whole, ours = timed_call(runner, work.seed_workload, spec)
-    note = f"k={k}: each rank 1/k of the data"
+    require(ours["steps"] > 0, f"{name}: rank 0 took no step")
+    where = "CPU ranks (gloo)" if ctx.dry else "GPUs, one rank each"
+    note = f"k={k} {where}: each rank 1/k of the data"
     return [
         row(f"{name}: whole call (s)", whole, plain_whole, note=note),
         row(f"{name}: steady step (ms)", 1e3 * ours["step_s"], 1e3 * plain_step, note=note),

@@ -1,6 +1,6 @@
 """The cases of ``gpu_suite.py`` that need no rank launch of their own but the
-mixed-precision one: batches to the GPU, inference, checkpoints, mixed precision. Rows as in
-:mod:`gpu_cases`.
+mixed-precision one: batches to the GPU, inference, mixed precision (checkpoints are in
+:mod:`gpu_cases_checkpoint`). Rows as in :mod:`gpu_cases`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import gpu_workloads as work
-from gpu_cases import NOT_AVAILABLE, Context, require, row, skipped, target, timed_call
+from gpu_cases import Context, require, row, target, timed_call
 
 # --- batches to the GPU -----------------------------------------------------------------
 
@@ -71,7 +71,6 @@ def loader_case(ctx: Context) -> list[dict[str, Any]]:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import sparktrain.data
     from sparktrain.data import SparkDatasetConverter
 
     rows, batch = ctx.size["rows"], 512
@@ -113,8 +112,6 @@ def loader_case(ctx: Context) -> list[dict[str, Any]]:
         row(name, ours, _rate(ctx, from_device), peer_name="tensors already on the device"),
     ]
     stream_name = "from_dataframe's stream (Arrow batches fed on the driver) -> CNN (samples/s)"
-    if not hasattr(sparktrain.data, "from_dataframe"):
-        return rows_out + [skipped(stream_name, NOT_AVAILABLE)]
 
     def streamed(step: Callable[[Any, Any], None]) -> int:
         return _stream_epoch(table, batch, ctx.scratch, step)
@@ -214,88 +211,6 @@ def inference_case(ctx: Context) -> list[dict[str, Any]]:
             note="classification: prediction and probabilities",
         )
     ]
-
-
-# --- checkpoints --------------------------------------------------------------------------
-
-# How a later version may offer them: a function of sparktrain.checkpoint, or a keyword of save.
-SHARDED = ("save_sharded", "sharded_save", "sharded")
-ASYNC = ("async_save", "save_async", "background", "asynchronous")
-
-
-def _offered(checkpoint: Any, names: tuple[str, ...]) -> str | None:
-    """How ``sparktrain.checkpoint`` offers one of ``names``, or None where it does not."""
-    import inspect
-
-    keywords = inspect.signature(checkpoint.save).parameters
-    for name in names:
-        if hasattr(checkpoint, name):
-            return f"sparktrain.checkpoint.{name}"
-        if name in keywords:
-            return f"save({name}=...)"
-    return None
-
-
-def _cuda_state(ctx: Context) -> dict[str, Any]:
-    """A state of ``ckpt_bytes`` float32 on the device, in four tensors."""
-    import torch
-
-    each = ctx.size["ckpt_bytes"] // 16
-    device = work.device_of(ctx.cuda)
-    return {"model": {f"layer{i}": torch.randn(each, device=device) for i in range(4)}}
-
-
-def _plain_save(state: Any, folder: Path, step: int) -> None:
-    """torch.save as a careful script writes it: a temporary file, fsync, rename."""
-    import torch
-
-    partial = folder / f"step-{step}.pt.partial"
-    with open(partial, "wb") as out:
-        torch.save(state, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, folder / f"step-{step}.pt")
-
-
-def checkpoint_case(ctx: Context) -> list[dict[str, Any]]:
-    """sparktrain.checkpoint.save of a >= 1 GiB CUDA state against torch.save + fsync."""
-    import shutil
-
-    import sparktrain.checkpoint as checkpoint
-
-    size = ctx.size["ckpt_bytes"]
-    gib = f"{size / (1 << 30):.3g} GiB"
-    if shutil.disk_usage(ctx.scratch).free < 3 * size:
-        return [skipped(f"whole save of {gib} (s)", f"less than {3 * size:,} bytes free")]
-    state = _cuda_state(ctx)
-    ours, plain = ctx.scratch / "ours", ctx.scratch / "plain"
-    plain.mkdir()
-    times: dict[str, list[float]] = {"ours": [], "plain": []}
-    for step in range(ctx.size["reps"]):
-        began = time.perf_counter()
-        checkpoint.save(state, str(ours), step, keep_last=1)
-        times["ours"].append(time.perf_counter() - began)
-        began = time.perf_counter()
-        _plain_save(state, plain, step)
-        times["plain"].append(time.perf_counter() - began)
-        (plain / f"step-{step - 1}.pt").unlink(missing_ok=True)  # keep one, as keep_last
-    loaded = checkpoint.load_latest(str(ours), map_location="cpu")
-    require(loaded is not None and loaded.step == ctx.size["reps"] - 1, "the save is not there")
-    sync = "synchronous: training waits for all of it"
-    rows = [
-        row(
-            f"whole save of a {gib} state on {work.device_of(ctx.cuda)} (s)",
-            min(times["ours"]),
-            min(times["plain"]),
-            peer_name="torch.save, fsync, rename",
-            note=f"{sync}; best of {ctx.size['reps']}",
-        )
-    ]
-    for what, names in (("sharded save (s)", SHARDED), ("asynchronous save: blocking (s)", ASYNC)):
-        found = _offered(checkpoint, names)
-        why = f"{found} is present, but this suite has no case for it yet" if found else ""
-        rows.append(skipped(what, why or NOT_AVAILABLE))
-    return rows
 
 
 # --- mixed precision ----------------------------------------------------------------------

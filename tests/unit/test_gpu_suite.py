@@ -49,8 +49,9 @@ def dry_run(tmp_path: Path, *options: str) -> tuple[dict[str, Any], str]:
     return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
 
 
-# The whole suite on the CPU: seven cases, eleven processes that import torch (ranks, a
-# zygote, plain processes), about 40 s of CPU; beside other suites on two cores, minutes.
+# The whole suite on the CPU: seven cases, fifteen processes that import torch (ranks, two of
+# them per np=-k call, a zygote, plain processes), about 30 s of CPU; beside other suites on
+# two cores, minutes.
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dry_run_gives_every_case_its_rows(tmp_path: Path) -> None:
@@ -72,15 +73,29 @@ def test_dry_run_gives_every_case_its_rows(tmp_path: Path) -> None:
         assert row["peer_name"], row
         if row["target"] is not None:
             assert isinstance(row["met"], bool), row
-    skipped = {row["row"]: row["skip"] for row in rows if row["skip"]}
-    later = ("sharded save (s)", "asynchronous save: blocking (s)")
-    assert set(skipped) == {"Databricks train_hvd, np=-k", "ALCF torch_hvd_mnist, np=-k", *later}
-    assert skipped["Databricks train_hvd, np=-k"] == "dry run: one rank per call"
-    assert skipped["ALCF torch_hvd_mnist, np=-k"] == "dry run: one rank per call"
-    for name in later:  # features of later versions: absent, or present without a case yet
-        assert skipped[name] == "not available in this version" or skipped[name].endswith(
-            " is present, but this suite has no case for it yet"
-        ), skipped[name]
+    assert {row["row"]: row["skip"] for row in rows if row["skip"]} == {}
+    for seed in ("Databricks train_hvd", "ALCF torch_hvd_mnist"):  # two CPU ranks, gloo
+        k_rows = [row for row in rows if row["row"].startswith(f"{seed}, np=-k")]
+        assert [row["row"] for row in k_rows] == [
+            f"{seed}, np=-k: whole call (s)", f"{seed}, np=-k: steady step (ms)"
+        ]  # fmt: skip
+        assert all(row["note"].startswith("k=2 CPU ranks (gloo)") for row in k_rows), k_rows
+    saves = [row for row in rows if row["case"] == "checkpoint"]
+    plain, dcp = "torch.save, fsync, rename", "(FileSystemWriter, sync_files=True)"
+    assert [(row["row"], row["peer_name"]) for row in saves] == [
+        ("whole save of a 0.000977 GiB state on cpu (s)", plain),
+        ("sharded save, one rank (s)", plain),
+        ("sharded save, one rank (s)", f"DCP save by hand {dcp}"),
+        ("asynchronous save: blocking (s)", plain),
+        ("asynchronous save: until durable, wait() (s)", plain),
+        ("asynchronous sharded save: blocking (s)", f"DCP async_save by hand {dcp}: its call"),
+        ("asynchronous sharded save: until durable, wait() (s)",
+         f"DCP async_save by hand {dcp}: until result()"),
+    ]  # fmt: skip
+    # An asynchronous save's call returns before it is durable, sparktrain's and DCP's.
+    for ours, peer in ((3, 4), (5, 6)):
+        assert saves[ours]["sparktrain"] <= saves[peer]["sparktrain"], (saves[ours], saves[peer])
+    assert saves[5]["peer"] <= saves[6]["peer"], saves[5:]
     targets = {row["row"]: row["target"]["text"] for row in rows if row["target"]}
     assert targets == {
         "Databricks train_hvd, np=-1: whole call (s)": "< 10 s",
