@@ -4,32 +4,21 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sparktrain.backends import check_backend_name
-from sparktrain.config import RunConfig, conf_keys
-from sparktrain.driver.attempts import Attempts
+from sparktrain.config import RunConfig
 from sparktrain.driver.channel import ChannelServer
-from sparktrain.driver.connect_check import ConnectPlan, plan_connect
-from sparktrain.driver.frame_input import frame_source, stage_frame
-from sparktrain.driver.handle import RunHandle, current_handle, stop_spark_at_exit
+from sparktrain.driver.connect_check import ConnectPlan
+from sparktrain.driver.controller import Call, Display, execute, pickled_hook, prepare
+from sparktrain.driver.handle import RunHandle
 from sparktrain.driver.inflight import expect, forget
-from sparktrain.driver.interrupt import plain_ctrl_c
-from sparktrain.driver.launch.connect import is_connect, sparktrain_conf
-from sparktrain.driver.preflight import call_conf, check_run
-from sparktrain.driver.progress import Progress, quiet_spark_console
+from sparktrain.driver.places import place_for
 from sparktrain.driver.run_record import AttemptRecord, RunRecord
-from sparktrain.driver.tracking import MlflowTracker
 from sparktrain.errors import ConfigurationError, PayloadError
-from sparktrain.shipping.local_modules import scope_of
-from sparktrain.shipping.payload import dump_call, dumps
-from sparktrain.shipping.python_probe import check_executor_python
 from sparktrain.shipping.script import run_script, script_call
 from sparktrain.shipping.signature import check_call
-from sparktrain.task.assignment import TaskJob
 
 
 class SparkRunner:
@@ -118,10 +107,9 @@ class SparkRunner:
         # What the probe found of each Spark Connect session this runner has run on, by id.
         self._connect_plans: dict[str, ConnectPlan] = {}
 
-    def _session(self) -> Any:
+    def _session(self, handle: RunHandle | None) -> Any:
         if self._spark is not None:
             return self._spark
-        handle = current_handle()
         if handle is not None and handle.spark is not None:
             # The session active where the run was submitted: PySpark's is per thread.
             return handle.spark
@@ -132,25 +120,14 @@ class SparkRunner:
                 f"np={self.np} runs on Spark executors, but pyspark is not installed "
                 "(pip install 'sparktrain[spark]'), or use a negative np to run on the driver"
             ) from exc
-        session = SparkSession.getActiveSession()
-        if session is None:
+        active = SparkSession.getActiveSession()
+        if active is None:
             raise ConfigurationError(
                 f"np={self.np} runs on Spark executors, but there is no active SparkSession: "
                 "create one (SparkSession.builder.getOrCreate()), pass spark=..., or use a "
                 "negative np to run on the driver"
             )
-        return session
-
-    def _resolve(self, session: Any, conf: Any) -> RunConfig:
-        """The run's settings; ``conf`` is the session's conf as read for this call
-        (:func:`~sparktrain.driver.preflight.call_conf`)."""
-        if session is None:
-            return self.config
-        if is_connect(session):
-            found = sparktrain_conf(conf, conf_keys())
-        else:
-            found = {k: v for k, v in conf.getAll() if k.startswith("spark.sparktrain.")}
-        return RunConfig.resolve(self.np, self._overrides, spark_conf=found)
+        return active
 
     def run(
         self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
@@ -216,91 +193,30 @@ class SparkRunner:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         all_ranks: bool,
+        handle: RunHandle | None = None,
     ) -> Any:
         """One run, blocking until it ends: rank 0's value, or every rank's (``all_ranks``).
 
         Everything about the call lives here (nothing on ``self`` but :attr:`last_run`), so
         several calls may run at once from threads of one runner.
         """
-        name = getattr(fn, "__name__", "function")
-        script: tuple[Any, ...] | None = None  # a script's [path, source, args]
-        if isinstance(fn, (str, os.PathLike)):
-            if kwargs:
-                raise PayloadError(
-                    f"a script takes command-line arguments only, but keyword arguments "
-                    f"{sorted(kwargs)} were given: pass them as strings, e.g. "
-                    f"run({os.fspath(fn)!r}, '--{next(iter(kwargs))}', '...')"
-                )
-            name = os.path.basename(os.fspath(fn))
-            args = script = tuple(script_call(fn, args))
-            fn = run_script
-        else:
-            check_call(fn, args, kwargs)
-        source = frame_source(args, kwargs)  # a DataFrame the ranks read (at most one)
-        session = None if self.config.local else self._session()
-        # The session's conf is read once for the call (from Connect, each read is a round trip).
-        conf = call_conf(session)
-        config = self._resolve(session, conf)
-        frame = None if source is None else stage_frame(source, session, config)
-        per_task = check_run(session, config, all_ranks, conf)
-        modules = scope_of(config.ship_modules, config.max_module_bytes, script)
-        payload = dump_call(fn, args, kwargs, config.max_payload_bytes, modules)
-        if session is not None and not is_connect(session):
-            # After the checks that cost nothing: this one may run a one-task Spark job.
-            check_executor_python(session.sparkContext, config.start_timeout)
-        plan = None
-        if session is not None and is_connect(session):
-            plan = self._connect_plans.get(session.session_id)
-            if plan is None:
-                plan = plan_connect(session, config, per_task)
-                self._connect_plans[session.session_id] = plan
-        hook = None
-        if self._pre_rendezvous_hook is not None:
-            hook = dumps(self._pre_rendezvous_hook)
+        call = _call_of(fn, args, kwargs, all_ranks)
+        place = place_for(None if self.config.local else self._session(handle), self._connect_plans)
+        # The place's conf is read once for the call (from Connect, each read is a round trip).
+        conf = place.conf()
+        found = place.spark_settings(conf)
+        config = self.config
+        if found is not None:
+            config = RunConfig.resolve(self.np, self._overrides, spark_conf=found)
+        run = prepare(place, config, conf, call, pickled_hook(self._pre_rendezvous_hook))
         record = self.last_run = RunRecord()
-        handle = current_handle()  # a submitted run: its output and stop go through it
-        if handle is not None:
-            handle.record = record
-        progress = Progress(
-            total=self._total_epochs,
-            unit="epoch" if self._total_epochs else "report",
-            display=self._show_progress and handle is None,
+        display = Display(
+            self._show_progress,
+            self._total_epochs,
+            self._checkpoint_dir,
+            on_channel=self._channel_hook,
         )
-        if session is not None and not is_connect(session):
-            stop_spark_at_exit(session.sparkContext)
-            quiet_spark_console(session.sparkContext)  # its bar would glue to the ranks' lines
-        tracker = MlflowTracker.maybe_create()
-        job = TaskJob(
-            run_id=uuid.uuid4().hex[:12],
-            attempt=0,
-            config=config.to_json(),
-            channel="",
-            key=b"",
-            payload=payload,
-            hook=hook,
-            ranks_per_task=per_task,
-            all_ranks=all_ranks,
-            stream_window=source.window if source is not None else 0,
-            stream_rows=source.batch_size if source is not None else 0,
-        )
-        attempts = Attempts(
-            session, config, job, name, record, progress, tracker, self._channel_hook, plan
-        )
-        attempts.frame = frame
-        if handle is not None:
-            attempts.out, attempts.stop = handle.output, handle.stop
-            attempts.ticket, attempts.on_wait = handle.ticket, handle._set_waiting
-        try:
-            with plain_ctrl_c():
-                return attempts.run()
-        finally:
-            if session is not None and attempts.connect is not None:
-                # What the run found out (checked, or detached) holds for the session's next.
-                self._connect_plans[session.session_id] = attempts.connect
-            record.finished = time.time()
-            progress.close()
-            if tracker is not None:
-                tracker.finish(self._checkpoint_dir if record.succeeded else None)
+        return execute(run, record, display, handle)
 
     def submit(
         self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
@@ -326,7 +242,7 @@ class SparkRunner:
         """
         if callable(fn):
             check_call(fn, args, kwargs)  # a call that cannot bind fails here, not later
-        return self._submit(getattr(fn, "__name__", str(fn)), lambda: self.run(fn, *args, **kwargs))
+        return self._submit(fn, args, kwargs, all_ranks=False)
 
     def submit_all(
         self, fn: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
@@ -337,14 +253,23 @@ class SparkRunner:
         """
         if callable(fn):
             check_call(fn, args, kwargs)
-        return self._submit(
-            getattr(fn, "__name__", str(fn)), lambda: self.run_all(fn, *args, **kwargs)
-        )
+        return self._submit(fn, args, kwargs, all_ranks=True)
 
-    def _submit(self, name: str, call: Callable[[], Any]) -> RunHandle:
+    def _submit(
+        self,
+        fn: Callable[..., Any] | str | os.PathLike[str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        all_ranks: bool,
+    ) -> RunHandle:
+        name = getattr(fn, "__name__", str(fn))
         handle = RunHandle(name)
         if not self.config.local:
-            handle.spark = self._session()  # no session: say so now, in the caller's cell
+            handle.spark = self._session(None)  # no session: say so now, in the caller's cell
+
+        def call() -> Any:
+            return self._call(fn, args, kwargs, all_ranks, handle)
+
         # A daemon: the interpreter's exit must not wait hours for a run (the handle stops
         # the runs still going at exit instead).
         thread = threading.Thread(
@@ -367,6 +292,26 @@ class SparkRunner:
     def attempts(self) -> list[AttemptRecord]:
         """The last run's attempts (``last_run.attempts``), each with its cause and phases."""
         return self.last_run.attempts if self.last_run is not None else []
+
+
+def _call_of(
+    fn: Callable[..., Any] | str | os.PathLike[str],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    all_ranks: bool,
+) -> Call:
+    """What a call of run() runs, its arguments checked: a function, or a script's path."""
+    if not isinstance(fn, (str, os.PathLike)):
+        check_call(fn, args, kwargs)
+        return Call(getattr(fn, "__name__", "function"), fn, args, kwargs, all_ranks)
+    if kwargs:
+        raise PayloadError(
+            f"a script takes command-line arguments only, but keyword arguments "
+            f"{sorted(kwargs)} were given: pass them as strings, e.g. "
+            f"run({os.fspath(fn)!r}, '--{next(iter(kwargs))}', '...')"
+        )
+    script = tuple(script_call(fn, args))
+    return Call(os.path.basename(os.fspath(fn)), run_script, script, {}, all_ranks, script)
 
 
 class HorovodRunner(SparkRunner):

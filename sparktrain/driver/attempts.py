@@ -18,13 +18,8 @@ from typing import Any, TextIO
 from sparktrain import wire
 from sparktrain.config import RunConfig, conf_key
 from sparktrain.driver.channel import ChannelServer
-from sparktrain.driver.connect_check import (
-    ClientUnreachable,
-    ConnectPlan,
-    stage_verdict,
-    unreached_plan,
-)
-from sparktrain.driver.elastic import ResizeStop, choose_size, grow_watch, size_note, smallest
+from sparktrain.driver.connect_check import ClientUnreachable
+from sparktrain.driver.elastic import ResizeStop, size_note, smallest
 from sparktrain.driver.inflight import (
     Line,
     StopSignal,
@@ -33,9 +28,10 @@ from sparktrain.driver.inflight import (
     reserve,
     take_turn,
 )
-from sparktrain.driver.launch import channel_address, new_launch
 from sparktrain.driver.monitor import RunMonitor
+from sparktrain.driver.places import Place
 from sparktrain.driver.progress import Progress
+from sparktrain.driver.restarts import RestartPolicy, first_line
 from sparktrain.driver.result_intake import all_results, rank0_result
 from sparktrain.driver.run_record import AttemptRecord, RunRecord, launch_breakdown
 from sparktrain.driver.tracking import MlflowTracker
@@ -60,7 +56,7 @@ class Attempts:
     """Runs the attempts of one ``run()`` call.
 
     Attributes:
-        session: the SparkSession, or None for ranks on the driver.
+        place: where the run goes (the driver's processes, a classic or a Connect session).
         config: the run's settings.
         job: what every task gets (its channel and key are filled in per attempt).
         name: the function's name, for the Spark UI.
@@ -68,7 +64,6 @@ class Attempts:
         progress: the progress display.
         tracker: MLflow tracking, when the driver has an active run.
         on_channel: private test hook, called with each attempt's channel once it listens.
-        connect: for a Spark Connect session, how its executors reach this client.
         out: where the ranks' lines go (default: the driver's stdout, beside the progress).
         stop: a stop requested from another thread (a submitted run's handle).
         ticket: the run's turn among the runs of this process (taken when it was submitted;
@@ -80,7 +75,7 @@ class Attempts:
     ``job.all_ranks`` asks for every rank's value (a list by rank) rather than rank 0's.
     """
 
-    session: Any
+    place: Place
     config: RunConfig
     job: TaskJob
     name: str
@@ -88,14 +83,15 @@ class Attempts:
     progress: Progress
     tracker: MlflowTracker | None
     on_channel: Callable[[ChannelServer], None] | None = None
-    connect: ConnectPlan | None = None
     out: TextIO | None = None
     stop: StopSignal | None = None
     ticket: int | None = None
     on_wait: Callable[[Line | None], None] | None = None
     frame: Any = None
-    # The run's place among the runs of this process (see inflight.reserve), once it has one.
+    # The run's place among the runs of this process (see inflight.reserve), once it has one,
+    # and the name of the slots it takes turns for ("" where it takes no turn).
     _token: int = dataclasses.field(default=0, init=False, repr=False)
+    _application: str = dataclasses.field(default="", init=False, repr=False)
 
     def run(self) -> Any:
         """Launch until an attempt succeeds or may not be restarted; rank 0's value, or every
@@ -107,48 +103,31 @@ class Attempts:
 
     @contextlib.contextmanager
     def _slots(self) -> Iterator[int]:
-        """Hold this run's task slots against the other runs of this process.
-
-        A Connect session's runs take turns within the slots its conf promises (the client
-        cannot count the live ones), with the other runs of this process on the same server;
-        where the conf does not say, they launch at once and Spark's barrier check waits.
-        """
-        if self.session is None or (self.connect is not None and self.connect.slots is None):
+        """Hold this run's task slots against the other runs of this process, taking turns
+        as the place says (see ``Place.turn``); a place without turns launches at once."""
+        turn = self.place.turn()
+        if turn is None:
             if self.ticket is not None:
                 forget(self.ticket)  # it takes no place: the runs behind it need not wait
             if self.on_wait is not None:
                 self.on_wait(None)  # nothing to wait for: it launches now
             yield 0
             return
-        total: Callable[[], int]
-        if self.connect is not None and self.connect.slots is not None:
-            from sparktrain.driver.launch.connect import shared_slots
-
-            # The client cannot count the live slots: the conf's stand for them.
-            application, slots = shared_slots(self.session), self.connect.slots
-            total = lambda: slots  # noqa: E731 - the conf's count, fixed for the run
-            most: int | None = slots
-        else:
-            from sparktrain.driver.capacity import most_slots, total_slots
-
-            application, sc = _application(self.session), self.session.sparkContext
-            total = lambda: total_slots(sc)  # noqa: E731 - live: executors come and go
-            ceiling = most_slots(sc.master, sc.getConf())
-            most = ceiling[0] if ceiling is not None else None
+        self._application = turn.application
         # An elastic run holds the slots of its min: beyond them it takes what is free.
         tasks = self.job.tasks
         if self.config.elastic is not None:
             tasks = smallest(self.config, self.job.ranks_per_task) // self.job.ranks_per_task
-        with reserve(application, tasks, self.ticket, admitted=False) as token:
+        with reserve(turn.application, tasks, self.ticket, admitted=False) as token:
             take_turn(
-                application,
+                turn.application,
                 token,
-                total,
+                turn.total,
                 self.config.queue_wait,
                 self._refuse,
                 self.stop,
                 self.on_wait or self._tell_wait,
-                most,
+                turn.most,
             )
             yield token
 
@@ -180,7 +159,7 @@ class Attempts:
         base = self.config  # the run's settings; an elastic attempt's np is its own size
         job = self.job
         since: float | None = None
-        restarts = 0  # restarts after failures, which max_restarts bounds (resizes are not)
+        restarts = RestartPolicy(base)
         previous: int | None = None
         why = "the largest size the cluster's free task slots allow"
         while True:
@@ -188,18 +167,7 @@ class Attempts:
                 raise CancelledError("cancelled before its ranks were launched")
             attempt = AttemptRecord(attempt=job.attempt)
             self.record.attempts.append(attempt)
-            size = base.world_size
-            if self.session is not None and self.connect is None:
-                start = time.monotonic()
-                try:
-                    size = self._size(base, token, since)
-                except CapacityError as exc:
-                    if job.attempt == 0:
-                        raise
-                    attempt.error = _not_back(exc, base, job.attempt, self.record)
-                    attempt.cause = _first_line(attempt.error)
-                    raise attempt.error from exc
-                attempt.phases["capacity_wait"] = time.monotonic() - start
+            size = self._size(base, job, attempt, token, since)
             config = self.config = self._sized(base, size)
             job = dataclasses.replace(
                 job,
@@ -212,41 +180,22 @@ class Attempts:
                 _log.info("%s", size_note(base, size, previous, why))
                 self.progress.set_ranks(size)
             try:
-                name = kept_result_name(job.run_id, job.attempt)
-                records = self._attempt(job, attempt)
-                if job.all_ranks:
-                    world = config.world_size
-                    return all_results(records, world, name, config.max_result_bytes)
-                return rank0_result(records, name)
+                return self._result(job, attempt)
             except ClientUnreachable as exc:
                 # Nothing of the user's ran: the same attempt starts again, detached.
-                assert self.connect is not None
-                self.connect = unreached_plan(self.connect, base, exc)
+                self.place.detach(base, exc)
                 self.record.attempts.remove(attempt)
                 continue
             except ResizeStop as exc:
                 attempt.error, attempt.cause, attempt.resized = exc, exc.reason, True
                 why = exc.reason
             except (WorkerFailedError, RendezvousTimeoutError, RunStalledError) as exc:
-                attempt.error, attempt.cause = exc, _first_line(exc)
-                if restarts >= base.max_restarts or not _restartable(exc, base):
+                attempt.error, attempt.cause = exc, first_line(exc)
+                why = restarts.restart(exc) or ""
+                if not why:
                     raise
-                restarts += 1
-                total = base.max_restarts + 1
-                _log.warning(
-                    "attempt %d/%d failed: %s; starting attempt %d/%d",
-                    restarts,
-                    total,
-                    attempt.cause,
-                    restarts + 1,
-                    total,
-                )
-                why = (
-                    f"restart {restarts}/{base.max_restarts} after: {attempt.cause}; the "
-                    "largest size that fits now, without waiting for what was lost"
-                )
             except BaseException as exc:
-                attempt.error, attempt.cause = exc, _first_line(exc) or type(exc).__name__
+                attempt.error, attempt.cause = exc, first_line(exc) or type(exc).__name__
                 raise
             previous = size
             job = dataclasses.replace(job, attempt=job.attempt + 1)
@@ -254,28 +203,44 @@ class Attempts:
             # and the stopped attempt's tasks time to end (an elastic run counts free slots).
             since = time.time()
 
-    def _size(self, config: RunConfig, token: int, since: float | None) -> int:
+    def _result(self, job: TaskJob, attempt: AttemptRecord) -> Any:
+        """One attempt's launch, and what the run returns if it succeeds."""
+        name = kept_result_name(job.run_id, job.attempt)
+        records = self._attempt(job, attempt)
+        if job.all_ranks:
+            return all_results(records, self.config.world_size, name, self.config.max_result_bytes)
+        return rank0_result(records, name)
+
+    def _size(
+        self,
+        config: RunConfig,
+        job: TaskJob,
+        attempt: AttemptRecord,
+        token: int,
+        since: float | None,
+    ) -> int:
         """The next attempt's size once its task slots are free: np, or for an elastic run
-        the largest in [min, max] that fits now (waiting, as np does, below min).
+        the largest in [min, max] that fits now (waiting, as np does, below min); the wait is
+        the attempt's ``capacity_wait`` phase.
 
         Raises:
-            CapacityError: too few task slots within ``capacity_wait``.
+            CapacityError: too few task slots within ``capacity_wait`` (after a failed
+                attempt: naming what was lost).
         """
-        sc = self.session.sparkContext
-        held = held_by_others(_application(self.session), token)
-        if config.elastic is not None:
-            return choose_size(sc, config, self.job.ranks_per_task, held, since)
-        from sparktrain.driver.capacity import check_capacity
-
-        check_capacity(
-            sc,
-            self.job.tasks,
-            config.capacity_wait,
-            since=since,
-            ranks_per_task=self.job.ranks_per_task,
-            held=held,
-        )
-        return config.world_size
+        start = time.monotonic()
+        held = held_by_others(self._application, token) if self._application else 0
+        try:
+            size = self.place.size(config, job, held, since)
+        except CapacityError as exc:
+            if job.attempt == 0:
+                raise
+            attempt.error = _not_back(exc, config, job.attempt, self.record)
+            attempt.cause = first_line(attempt.error)
+            raise attempt.error from exc
+        if size is None:
+            return config.world_size
+        attempt.phases["capacity_wait"] = time.monotonic() - start
+        return size
 
     @staticmethod
     def _sized(config: RunConfig, size: int) -> RunConfig:
@@ -287,18 +252,8 @@ class Attempts:
     def _grow_watch(self, job: TaskJob) -> Callable[[int], ResizeStop | None] | None:
         """What the attempt's monitor asks when rank 0 saves a checkpoint: whether an elastic
         run below max stops there to grow (None where it never does)."""
-        if self.session is None or self.connect is not None:
-            return None
-        application = _application(self.session)
-        token = self._token
-        watch = grow_watch(
-            self.session.sparkContext,
-            self.config,
-            self.config.world_size,
-            job.ranks_per_task,
-            lambda: held_by_others(application, token),
-        )
-        return None if watch is None else watch.on_saved
+        application, token = self._application, self._token
+        return self.place.grow_watch(self.config, job, lambda: held_by_others(application, token))
 
     def _on_report(self, message: dict[str, Any]) -> None:
         self.record.add_report(message)
@@ -309,14 +264,14 @@ class Attempts:
     def _attempt(self, job: TaskJob, attempt: AttemptRecord) -> list[RankOutcome]:
         """One launch of every rank, with a channel of its own."""
         key = wire.new_key()
-        bind, advertise = channel_address(self.session, self.connect)
+        bind, advertise = self.place.channel_address()
         with ChannelServer(
             key, bind=bind, advertise=advertise, world_size=self.config.world_size
         ) as server:
-            detached = self.connect is not None and not self.connect.reachable
-            # Until a stage of the session has, the tasks check the executors' versions and
+            detached = self.place.detached
+            # Until a stage of the place has, the tasks check the executors' versions and
             # whether they reach the client (see connect_check).
-            checking = self.connect is not None and not self.connect.checked
+            checking = self.place.checking
             # Detached tasks get no channel: they learn the layout from Spark's barrier.
             job = dataclasses.replace(
                 job,
@@ -341,7 +296,7 @@ class Attempts:
                 on_saved=self._grow_watch(job),
             )
             stop = self.stop.attached(server.events) if self.stop else contextlib.nullcontext()
-            launch = new_launch(self.session, job, description, self.connect, self.frame)
+            launch = self.place.launch(job, description, self.frame)
             try:
                 with stop:
                     records = monitor.watch(launch)
@@ -351,7 +306,7 @@ class Attempts:
                 raise
             except Exception as exc:
                 stage_error = getattr(launch, "stage_error", None)
-                verdict = stage_verdict(stage_error) if checking and stage_error else None
+                verdict = self.place.verdict(stage_error) if checking else None
                 if verdict is not None:
                     raise verdict from exc
                 if monitor.arrived:
@@ -368,15 +323,9 @@ class Attempts:
                 )
 
     def _checked(self, checking: bool) -> None:
-        """The session's runs need not check again: a stage passed the checks."""
-        if checking and self.connect is not None:
-            self.connect = dataclasses.replace(self.connect, checked=True)
-
-
-def _application(session: Any) -> str:
-    """The Spark application a session's runs share task slots in."""
-    sc = session.sparkContext
-    return str(getattr(sc, "applicationId", None) or id(sc))
+        """The place's runs need not check again: a stage passed the checks."""
+        if checking:
+            self.place.passed_checks()
 
 
 def _detached_note(config: RunConfig, job: TaskJob) -> str:
@@ -405,26 +354,3 @@ def _not_back(
         f"capacity_wait={config.capacity_wait:g}s ({conf_key('capacity_wait')}). {error} "
         "Raise capacity_wait to wait longer for the cluster to replace them."
     )
-
-
-def _first_line(error: BaseException) -> str:
-    if isinstance(error, WorkerFailedError):
-        root = error.root_cause
-        return root.describe().splitlines()[0]
-    lines = str(error).splitlines()
-    return lines[0] if lines else ""
-
-
-def _restartable(error: BaseException, config: RunConfig) -> bool:
-    """Whether launching again can help: lost ranks and stalls yes; the user's own exception
-    only on request (it would most likely fail again); unloadable functions and results never."""
-    if isinstance(error, (RendezvousTimeoutError, RunStalledError)):
-        return True
-    if not isinstance(error, WorkerFailedError):
-        return False
-    root = error.root_cause
-    if root.phase in ("load", "result"):
-        return False
-    if root.user_error:
-        return config.restart_on_user_error
-    return True

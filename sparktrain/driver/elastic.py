@@ -53,25 +53,6 @@ def smallest(config: RunConfig, ranks_per_task: int) -> int:
     return size
 
 
-def check_elastic(session: Any, config: RunConfig, ranks_per_task: int) -> None:
-    """Refuse, before anything is launched, an elastic run that cannot be one here.
-
-    Raises:
-        ConfigurationError: a Spark Connect session (whose free task slots the client cannot
-            count), or a range without a multiple of the ranks per task.
-    """
-    from sparktrain.driver.launch.connect import is_connect
-
-    if is_connect(session):
-        raise ConfigurationError(
-            f"np={config.elastic} is elastic, which needs the cluster's free task slots, "
-            "but a Spark Connect client cannot count them: run with a fixed np (e.g. "
-            f"np={config.elastic[1] if config.elastic else config.world_size}) under Spark "
-            "Connect, or from a classic SparkSession"
-        )
-    smallest(config, ranks_per_task)
-
-
 def fitting_size(free_tasks: int, low: int, high: int, ranks_per_task: int = 1) -> int | None:
     """The largest size in ``[low, high]`` of whole tasks that ``free_tasks`` slots run.
 

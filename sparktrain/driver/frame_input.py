@@ -4,7 +4,6 @@ arguments, checked before anything starts, and turned into what the stage runs o
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -73,36 +72,26 @@ class StageFrame:
         return F.xxhash64(F.lit(self.shuffle_seed), *columns)
 
 
-def stage_frame(source: Any, session: Any, config: RunConfig) -> StageFrame:
+def stage_frame(source: Any, place: Any, config: RunConfig) -> StageFrame:
     """What the run's stage runs over (the DataFrame, its columns chosen), once checked.
 
-    Raises:
-        ConfigurationError: the run cannot read it: launcher='mpi', a DataFrame of a
-            session of another kind than the run's, or a PySpark without barrier
-            ``mapInArrow`` (3.5 and later have it).
-    """
-    from sparktrain.driver.launch.connect import is_connect
+    Args:
+        source: the run's DataFrameSource.
+        place: where the run goes (a :class:`~sparktrain.driver.places.Place`).
+        config: the run's settings.
 
+    Raises:
+        ConfigurationError: the run cannot read it: launcher='mpi', or what the place
+            refuses (a DataFrame of a session of another kind than the run's, a PySpark
+            without barrier ``mapInArrow``).
+    """
     if config.launcher == "mpi":
         raise ConfigurationError(
             "a run given a DataFrame streams each task's partition to the ranks it starts, but "
             "launcher='mpi' starts them from mpirun: use launcher='gloo' (the default)"
         )
     frame = source.dataframe
-    if session is not None:
-        frame_session = getattr(frame, "sparkSession", None)
-        if frame_session is not None and is_connect(frame_session) != is_connect(session):
-            kinds = ("classic", "Spark Connect")
-            raise ConfigurationError(
-                f"the DataFrame belongs to a {kinds[is_connect(frame_session)]} session, but "
-                f"the run goes to a {kinds[is_connect(session)]} one: build the DataFrame "
-                "from the session the run uses (SparkRunner(spark=...))"
-            )
-        if "barrier" not in inspect.signature(type(frame).mapInArrow).parameters:
-            raise ConfigurationError(
-                "training from a DataFrame on executors runs a barrier mapInArrow stage, which "
-                "PySpark 3.5 and later have: upgrade pyspark, or use make_spark_converter(df)"
-            )
+    place.check_frame(frame)
     if source.columns is not None:
         frame = frame.select(*source.columns)
     seed = (source.seed or 0) if source.global_shuffle else None

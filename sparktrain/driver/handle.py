@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import contextvars
 import io
 import sys
 import threading
@@ -32,20 +31,12 @@ KEPT_LINES = 10_000
 CANCEL_WAIT = 120.0
 
 # The handle of the run this thread is carrying out, while it does (see runner.submit).
-_current: contextvars.ContextVar[RunHandle | None] = contextvars.ContextVar(
-    "sparktrain_handle", default=None
-)
 # Handles whose runs are going, to stop at interpreter exit (a notebook kernel shut down).
 _going: weakref.WeakSet[RunHandle] = weakref.WeakSet()
 _going_lock = threading.Lock()
 _exit_hook: list[bool] = []  # whether _at_exit is registered with atexit
 # The SparkContexts runs went on, to stop cleanly at interpreter exit (weak: never kept alive).
 _contexts: list[weakref.ref[Any]] = []
-
-
-def current_handle() -> RunHandle | None:
-    """The handle of the run this thread carries out, or None for a run that blocks."""
-    return _current.get()
 
 
 class RunHandle(Future[Any]):
@@ -142,7 +133,6 @@ class RunHandle(Future[Any]):
         with _going_lock:
             _going.add(self)
             _register_exit_hook()
-        token = _current.set(self)
         try:
             value = call()
         except CancelledError:
@@ -152,7 +142,6 @@ class RunHandle(Future[Any]):
         else:
             self.set_result(value)
         finally:
-            _current.reset(token)
             with _going_lock:
                 _going.discard(self)
             with self._new:

@@ -16,10 +16,7 @@ from typing import Any
 
 from sparktrain.backends import get_backend
 from sparktrain.config import RunConfig, conf_key
-from sparktrain.driver.elastic import check_elastic
-from sparktrain.driver.launch.connect import is_connect, session_conf
 from sparktrain.errors import ConfigurationError
-from sparktrain.shipping import kept
 
 _ENCRYPTION = ("spark.ssl.enabled", "spark.network.crypto.enabled")
 _TASK_GPUS = "spark.task.resource.gpu.amount"
@@ -134,31 +131,13 @@ def ranks_per_task(conf: Any, config: RunConfig) -> int:
     return k
 
 
-def call_conf(session: Any) -> Any:
-    """The conf of ``session`` that one call reads: a Connect session's snapshot (see
-    :func:`~sparktrain.driver.launch.connect.session_conf`), a classic one's SparkConf, or
-    None without a session."""
-    if session is None:
-        return None
-    if is_connect(session):
-        return session_conf(session)
-    return session.sparkContext.getConf()
-
-
-def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any) -> int:
-    """Every check of a run that costs nothing, before its function is pickled: the
-    settings against each other, the backend, the application's conf, an elastic range.
+def check_run(config: RunConfig, all_ranks: bool) -> None:
+    """Every check of a run's settings against each other that costs nothing and holds
+    wherever the run goes (each place checks its own: see ``Place.check``).
 
     Args:
-        session: the run's SparkSession (classic or Connect), or None for a driver-local run.
         config: the run's resolved settings.
         all_ranks: every rank's value is to come back (``run_all``).
-        conf: the session's conf as read for this run (anything with ``get(key,
-            default)``: a classic session's SparkConf, a Connect session's snapshot), or None
-            without a session.
-
-    Returns:
-        The ranks each Spark task runs (one per GPU of the task; 1 without Spark).
     """
     if all_ranks and config.launcher == "mpi":
         raise ConfigurationError(
@@ -166,16 +145,3 @@ def check_run(session: Any, config: RunConfig, all_ranks: bool, conf: Any) -> in
             "(it returns rank 0's alone): use run(), or the default launcher (launcher=None)"
         )
     get_backend(config.backend).check(config)
-    per_task = 1
-    if session is not None:
-        check_application(conf, config)
-        per_task = ranks_per_task(conf, config)
-        if config.elastic is not None:
-            check_elastic(session, config, per_task)
-        # This host's old kept results (a local run's tasks do this themselves).
-        kept.sweep(config.kept_results_ttl)
-    if session is None:
-        from sparktrain.task.entry import local_gpus
-
-        local_gpus(config.use_gpu, config.world_size)  # no GPUs for use_gpu=True: say so now
-    return per_task

@@ -248,7 +248,7 @@ def _log4j2_file() -> str | None:
 
 def master_of(session: Any) -> str:
     """The session's master: a Spark Connect client (no SparkContext) reads it from its conf."""
-    from sparktrain.driver.launch.connect import is_connect
+    from sparktrain.driver.places import is_connect
 
     if is_connect(session):
         return f"Spark Connect, {session.conf.get('spark.master', 'master not shown')}"

@@ -156,7 +156,7 @@ class _TorchModelWriter(MLWriter):
         From a Spark Connect session the server removes it (pyspark's own overwrite reaches
         for the JVM, which a Connect client does not have).
         """
-        from sparktrain.driver.launch.connect import is_connect
+        from sparktrain.driver.places import is_connect
 
         if not (self.shouldOverwrite and is_connect(self.sparkSession)):
             super().save(path)

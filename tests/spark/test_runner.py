@@ -22,7 +22,7 @@ from sparktrain import (
     WorkerFailedError,
     wire,
 )
-from sparktrain import runner as runner_module
+from sparktrain.driver import controller
 from tests.conftest import ranks
 from tests.fixtures import trainers
 from tests.helpers import (
@@ -194,7 +194,7 @@ def test_unpicklable_capture_is_named_before_launch(mode, monkeypatch):
             return 1
 
     # Launching goes through Attempts: the error must come before any attempt is made.
-    monkeypatch.setattr(runner_module, "Attempts", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(controller, "Attempts", lambda *a, **k: launched.append(a))
     with pytest.raises(PayloadError, match="'lock' captured by uses_lock"):
         SparkRunner(np=ranks(mode, 2)).run(uses_lock)
     assert launched == []

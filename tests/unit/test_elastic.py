@@ -14,6 +14,7 @@ from sparktrain.config import RunConfig
 from sparktrain.driver import capacity, elastic
 from sparktrain.driver.attempts import Attempts
 from sparktrain.driver.elastic import GrowWatch, ResizeStop, choose_size, fitting_size
+from sparktrain.driver.places.classic import ClassicPlace
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.run_record import RunRecord
 from sparktrain.errors import (
@@ -263,7 +264,7 @@ class Session:
 def run_attempts(config: RunConfig) -> Attempts:
     job = TaskJob(run_id="r1", attempt=0, config=config.to_json(), channel="", key=b"", payload=b"")
     progress = Progress(display=False)
-    return Attempts(Session(), config, job, "train", RunRecord(), progress, None)
+    return Attempts(ClassicPlace(Session()), config, job, "train", RunRecord(), progress, None)
 
 
 def lost(rank: int) -> WorkerFailedError:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sparktrain import wire
-from sparktrain.driver.launch import channel_address
+from sparktrain.driver.places import place_for
 from sparktrain.wire.address import choose_listen_address, listen_address, local_addresses
 
 LOCAL = {"127.0.0.1", "::1", "10.1.2.3", "fe80::1", "2001:db8::5"}
@@ -73,13 +73,13 @@ def fake_session(conf: dict[str, str]) -> Any:
 
 
 def test_the_channel_listens_on_the_driver_host_when_it_is_this_machine() -> None:
-    assert channel_address(None) == ("127.0.0.1", "127.0.0.1")
+    assert place_for(None).channel_address() == ("127.0.0.1", "127.0.0.1")
     session = fake_session({"spark.driver.host": "127.0.0.1"})
-    assert channel_address(session) == ("127.0.0.1", "127.0.0.1")
+    assert place_for(session).channel_address() == ("127.0.0.1", "127.0.0.1")
     # spark.driver.host is an address this machine does not hold: where Spark's driver listens.
     session = fake_session({"spark.driver.host": "192.0.2.10"})
-    assert channel_address(session) == ("0.0.0.0", "192.0.2.10")
+    assert place_for(session).channel_address() == ("0.0.0.0", "192.0.2.10")
     session = fake_session(
         {"spark.driver.host": "192.0.2.10", "spark.driver.bindAddress": "127.0.0.1"}
     )
-    assert channel_address(session) == ("127.0.0.1", "192.0.2.10")
+    assert place_for(session).channel_address() == ("127.0.0.1", "192.0.2.10")

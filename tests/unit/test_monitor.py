@@ -21,10 +21,10 @@ import pytest
 
 from sparktrain import wire
 from sparktrain.config import RunConfig
-from sparktrain.driver.attempts import _restartable
 from sparktrain.driver.channel import ChannelServer
 from sparktrain.driver.launch.local import LocalLaunch
 from sparktrain.driver.monitor import RunMonitor
+from sparktrain.driver.restarts import restartable
 from sparktrain.errors import (
     RendezvousTimeoutError,
     RunTimeoutError,
@@ -236,7 +236,7 @@ def test_a_task_that_vanishes_after_its_peer_lost_it_is_the_root_cause(server) -
     assert (root.rank, root.phase) == (1, "lost")
     assert "its Spark task vanished" in str(info.value)
     assert "Connection closed by peer" in str(info.value)  # rank 0, among the others
-    assert _restartable(info.value, mon.config)
+    assert restartable(info.value, mon.config)
 
 
 def test_run_timeout_stops_every_rank(server) -> None:

@@ -10,6 +10,7 @@ import pytest
 from sparktrain.config import RunConfig
 from sparktrain.driver import capacity
 from sparktrain.driver.attempts import Attempts
+from sparktrain.driver.places.classic import ClassicPlace
 from sparktrain.driver.progress import Progress
 from sparktrain.driver.run_record import RunRecord
 from sparktrain.errors import CapacityError, WorkerFailedError, WorkerFailure
@@ -37,7 +38,7 @@ class Session:
 def attempts(max_restarts: int) -> Attempts:
     config = RunConfig(np=4, max_restarts=max_restarts, capacity_wait=7)
     job = TaskJob(run_id="r1", attempt=0, config=config.to_json(), channel="", key=b"", payload=b"")
-    return Attempts(Session(), config, job, "train", RunRecord(), Progress(display=False), None)
+    return Attempts(ClassicPlace(Session()), config, job, "train", RunRecord(), Progress(display=False), None)
 
 
 def lose_a_host(self: Attempts, job: TaskJob, attempt: Any) -> list[dict[str, Any]]:

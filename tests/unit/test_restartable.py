@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparktrain.config import RunConfig
-from sparktrain.driver.attempts import _restartable
+from sparktrain.driver.restarts import restartable
 from sparktrain.errors import (
     RendezvousTimeoutError,
     RunStalledError,
@@ -34,13 +34,13 @@ def failed(**fields: object) -> WorkerFailedError:
         (RunStalledError("quiet"), False, True),  # a hang may not come back
     ],
 )
-def test_restartable(error, opt_in, expected):
+def testrestartable(error, opt_in, expected):
     config = RunConfig(np=2, max_restarts=1, restart_on_user_error=opt_in)
-    assert _restartable(error, config) is expected
+    assert restartable(error, config) is expected
 
 
 def test_root_cause_decides():
     early_kill = WorkerFailure(rank=0, exit_code=-9, phase="lost", time=1.0)
     later_exception = WorkerFailure(rank=1, exc_type="RuntimeError", user_error=True, time=2.0)
     error = WorkerFailedError({0: early_kill, 1: later_exception})
-    assert _restartable(error, RunConfig(np=2)) is True
+    assert restartable(error, RunConfig(np=2)) is True

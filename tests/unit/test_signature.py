@@ -71,7 +71,7 @@ def test_run_refuses_a_misspelt_keyword_before_starting_anything(monkeypatch) ->
         raise AssertionError("a launch was started")
 
     runner = SparkRunner(np=-2)
-    monkeypatch.setattr("sparktrain.runner.dump_call", no_launch)
+    monkeypatch.setattr("sparktrain.driver.controller.dump_call", no_launch)
     with pytest.raises(CallError) as info:
         runner.run(train, lrr=0.1)
     # Python alone would say "missing a required argument: 'lr'", hiding the misspelling.

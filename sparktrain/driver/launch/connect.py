@@ -32,11 +32,6 @@ GRPC_MESSAGE_LIMIT = 128 << 20
 PLAN_ROOM = 1 << 20
 
 
-def is_connect(session: Any) -> bool:
-    """Whether ``session`` is a Spark Connect client (it has no SparkContext)."""
-    return type(session).__module__.startswith("pyspark.sql.connect")
-
-
 def session_conf(session: Any) -> Any:
     """A Connect session's conf for one run's checks: a snapshot of every set key, taken in
     one round trip (``getAll``, pyspark 4), or, from older clients, the session's runtime conf

@@ -18,13 +18,16 @@ Done = Callable[[list[dict[str, Any]] | None, BaseException | None], None]
 class LocalLaunch:
     """Runs :func:`sparktrain.task.entry.run_local` in a thread of the driver."""
 
-    def __init__(self, job: TaskJob, frame: Any = None) -> None:
+    def __init__(self, job: TaskJob, frame: Any = None, groups: Any = None) -> None:
         self.job = job
         # The Spark jobs that read ``frame`` run in this group (a Connect tag): a run that
         # ends cancels what is left of them, a partition still being computed included.
         self._group = f"sparktrain-read-{job.run_id}-{job.attempt}"
-        # A run given a DataFrame: read here, a partition at a time, and streamed to the ranks.
+        # A run given a DataFrame: read here, a partition at a time, and streamed to the ranks,
+        # in Spark jobs of the place the DataFrame's session is (``groups``, a Place).
         self.frame = frame
+        self.groups = groups
+        self.read = False  # the frame was read to its end
         self._lock = threading.Lock()
         self._done: Done | None = None
 
@@ -39,20 +42,32 @@ class LocalLaunch:
 
         def body() -> None:
             try:
-                batches, read = None, [False]
-                if self.frame is not None:
-                    batches = _read(self.frame, self._group, read)
+                batches = None if self.frame is None else self._batches()
                 try:
                     records = run_local(self.job, batches)
                 finally:
-                    if self.frame is not None and not read[0]:
-                        _cancel(self.frame, self._group)
+                    if self.frame is not None and not self.read:
+                        with contextlib.suppress(Exception):  # the session may be gone
+                            self.groups.cancel_group(self._group)
             except BaseException as exc:  # noqa: BLE001 - handed to the monitor
                 self._finish(None, exc)
             else:
                 self._finish(records, None)
 
         threading.Thread(target=body, name="sparktrain-local", daemon=True).start()
+
+    def _batches(self) -> Iterator[Any]:
+        """The frame's batches, read in the thread that iterates, in the run's own Spark job
+        group (or Connect tag); :attr:`read` is set once the last was."""
+        from sparktrain.data.stream import dataframe_batches
+
+        self.groups.open_group(self._group, "sparktrain: reading the DataFrame")
+        try:
+            yield from dataframe_batches(self.frame.ordered(), _DRIVER_BATCH_ROWS)
+            self.read = True
+        finally:
+            with contextlib.suppress(Exception):  # the session may be gone
+                self.groups.close_group(self._group)
 
     def cancel(self) -> None:
         """Report the launch as ended now.
@@ -69,38 +84,3 @@ class LocalLaunch:
 
     def describe_error(self, error: BaseException) -> str:
         return f"the local supervisor failed: {type(error).__name__}: {error}"
-
-
-def _read(stage: Any, group: str, read: list[bool]) -> Iterator[Any]:
-    """``frame``'s batches, read in the thread that iterates, in the Spark job group (or
-    Connect tag) ``group``; ``read[0]`` is set once the last was."""
-    from sparktrain.data.stream import dataframe_batches
-    from sparktrain.driver.launch.connect import is_connect
-
-    frame = stage.ordered()
-    session = frame.sparkSession
-    if is_connect(session):
-        session.addTag(group)
-    else:
-        session.sparkContext.setJobGroup(group, "sparktrain: reading the DataFrame", True)
-    try:
-        yield from dataframe_batches(frame, _DRIVER_BATCH_ROWS)
-        read[0] = True
-    finally:
-        with contextlib.suppress(Exception):  # the session may be gone
-            if is_connect(session):
-                session.removeTag(group)
-            else:
-                session.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-
-
-def _cancel(stage: Any, group: str) -> None:
-    """Cancel what is left of the Spark jobs reading ``stage``'s frame."""
-    from sparktrain.driver.launch.connect import is_connect
-
-    session = stage.frame.sparkSession
-    with contextlib.suppress(Exception):  # the session may be gone
-        if is_connect(session):
-            session.interruptTag(group)
-        else:
-            session.sparkContext.cancelJobGroup(group)
