@@ -26,6 +26,7 @@ from sparktrain.layout.rendezvous import GoAssembler
 from sparktrain.task import workdirs
 from sparktrain.task.assignment import TaskJob
 from sparktrain.task.logs import LogForwarder, RankFiles, log_folder
+from sparktrain.task.stream_feed import NO_STREAM
 from sparktrain.task.zygotes import zygote_for
 from sparktrain.wire import protocol
 
@@ -56,10 +57,9 @@ class TaskSession:
         # Whether this is a Spark task in an executor's Python worker (not the driver's local
         # supervisor): its warm zygote then serves the executor's later workers too.
         self.in_executor = False
-        # A run given a DataFrame: what every rank's environment gets to find its task's
-        # stream, and the slots the stream serves, in its local order (see task.stream_feed).
-        self.stream_env: dict[str, str] = {}
-        self.stream_slots: list[int] = []
+        # A run given a DataFrame: what each rank's environment gets to find its task's
+        # stream (see task.stream_feed).
+        self.stream = NO_STREAM
         # Every line of every rank, when log_dir is set; a bounded share of them to the driver.
         self.files = RankFiles(log_folder(job))
         self.forwarder = (

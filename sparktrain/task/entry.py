@@ -187,15 +187,7 @@ def run_spark_task(
             _hello(session, info)
         session.listen()
         stream = iterator if job.stream_window else None
-        with feeding(
-            stream,
-            slots,
-            job.key,
-            job.stream_window,
-            job.run_config.start_timeout,
-            job.stream_rows,
-        ) as session.stream_env:
-            session.stream_slots = list(slots)
+        with feeding(job, stream, slots) as session.stream:
             records = _launch(session, launcher, list(slots), backend, session.exchange, probes)
         for outcome in deliver(session, records, host):
             yield outcome.to_json()
@@ -290,16 +282,7 @@ def run_local(job: TaskJob, batches: Iterator[Any] | None = None) -> list[dict[s
             )
             _hello(session, info)
         session.listen()
-        with feeding(
-            batches,
-            range(n),
-            job.key,
-            job.stream_window,
-            config.start_timeout,
-            job.stream_rows,
-            input_wait=_DRIVER_INPUT_WAIT,
-        ) as session.stream_env:
-            session.stream_slots = list(range(n))
+        with feeding(job, batches, range(n), input_wait=_DRIVER_INPUT_WAIT) as session.stream:
             records = _launch(session, launcher, range(n), backend, local_exchange)
         if job.all_ranks:
             # Every rank's value goes through the driver's receiver, as from executors: the

@@ -156,9 +156,7 @@ def worker_env(
             contract.TIMES_ENV: str(workdir / contract.times_file_name(rank.rank)),
         }
     )
-    if session.stream_env:
-        env.update(session.stream_env)
-        env[contract.STREAM_INDEX_ENV] = str(session.stream_slots.index(rank.task.index))
+    env.update(session.stream.for_slot(rank.task.index))
     if rank.rank == 0 or session.job.all_ranks:
         env[contract.RESULT_ENV] = str(workdir / contract.result_file_name(rank.rank))
     return env

@@ -15,9 +15,12 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktrain import contract
+
+if TYPE_CHECKING:
+    from sparktrain.task.assignment import TaskJob
 
 _log = logging.getLogger(__name__)
 # The least time ranks get to open their stream: a function may build its model first.
@@ -31,21 +34,41 @@ def local_dir() -> str | None:
     return first if first and os.path.isdir(first) else None
 
 
+class StreamEnv:
+    """What the ranks of one feeder get in their environment to find their stream.
+
+    Args:
+        env: the variables every rank gets (none where the run reads no DataFrame).
+        slots: the slots the feeder serves, in its local order.
+    """
+
+    def __init__(self, env: dict[str, str], slots: Sequence[int]) -> None:
+        self.env = env
+        self.slots = list(slots)
+
+    def for_slot(self, slot: int) -> dict[str, str]:
+        """The variables of the rank in ``slot`` (its index among the feeder's ranks)."""
+        if not self.env:
+            return {}
+        return {**self.env, contract.STREAM_INDEX_ENV: str(self.slots.index(slot))}
+
+
+NO_STREAM = StreamEnv({}, ())
+
+
 @contextlib.contextmanager
 def feeding(
+    job: TaskJob,
     batches: Iterator[Any] | None,
     ranks: Sequence[int],
-    key: bytes,
-    window: int,
-    start_timeout: float,
-    piece_rows: int = 0,
     input_wait: float | None = None,
-) -> Iterator[dict[str, str]]:
-    """Feed ``batches`` to the ranks of ``ranks`` (their slots, in local order) while inside;
-    yields the variables every rank's environment gets (none without ``batches``).
+) -> Iterator[StreamEnv]:
+    """Feed ``batches`` to the ranks of ``ranks`` (their slots, in local order) while inside,
+    as ``job`` says (its key, stream window, piece rows and start timeout); yields what each
+    rank's environment gets (nothing without ``batches``).
 
-    With several ranks, the input goes out in pieces of at most ``piece_rows`` rows (slices,
-    not copies), so that dealing them round-robin gives each rank an even share.
+    With several ranks, the input goes out in pieces of at most ``job.stream_rows`` rows
+    (slices, not copies), so that dealing them round-robin gives each rank an even share.
 
     ``input_wait``: how long the way out waits for a thread still inside the input (None: as
     long as it takes, which a Spark task must: its worker may be given the next task, whose
@@ -55,8 +78,10 @@ def feeding(
     On the way out the feeder closes (a rank's stream then ends) and the thread is joined: it
     ends at its next send, after at most one more batch of the input.
     """
+    key, window, piece_rows = job.key, job.stream_window, job.stream_rows
+    start_timeout = job.run_config.start_timeout
     if batches is None or window <= 0:
-        yield {}
+        yield NO_STREAM
         return
     from sparktrain.data.stream import Feeder, StreamError
 
@@ -86,20 +111,15 @@ def feeding(
         thread = threading.Thread(target=feed, name="sparktrain-stream", daemon=True)
         thread.start()
         try:
-            yield {
-                contract.STREAM_ENV: feeder.address,
-                contract.STREAM_DIR_ENV: parent or "",
-            }
+            yield StreamEnv(
+                {contract.STREAM_ENV: feeder.address, contract.STREAM_DIR_ENV: parent or ""},
+                ranks,
+            )
         finally:
             feeder.stop()
             thread.join(input_wait)
             if thread.is_alive():
                 _log.info("the stream's input is still computing a piece; left to end alone")
-
-
-def stream_index(ranks: Sequence[int], rank: int) -> str:
-    """``rank``'s index among the ranks one feeder serves."""
-    return str(list(ranks).index(rank))
 
 
 def _pieces(batches: Iterator[Any], rows: int) -> Iterator[Any]:
