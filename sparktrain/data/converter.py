@@ -381,7 +381,7 @@ def _probe_from_executors(
     except Exception:  # Spark Connect has no SparkContext
         tasks = 2
     # The interpreter a run starts (checked as a run checks it), not the session's default.
-    with sparktrain_python(spark):
+    with sparktrain_python(spark, data=True):
         stage = spark.range(0, tasks, 1, tasks).mapInArrow(probe, "host string, error string")
     rows = stage.collect()
     return [(row["host"], row["error"]) for row in rows if row["error"]]

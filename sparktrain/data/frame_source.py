@@ -266,8 +266,9 @@ def from_dataframe(
             DataFrame sorted by that hash (one sort).
 
     Raises:
-        ConfigurationError: a value out of range, a column ``df`` does not have, or one of a
-            type the loader cannot turn into a tensor (read from ``df``'s schema).
+        ConfigurationError: a value out of range, a column ``df`` does not have, one of a
+            type the loader cannot turn into a tensor (read from ``df``'s schema), or
+            executors whose Python cannot import sparktrain, torch and pyarrow.
     """
     for name, value, least in (
         ("batch_size", batch_size, 1),
@@ -301,6 +302,7 @@ def from_dataframe(
     schema = df.schema
     wanted = [f for f in schema.fields if columns is None or f.name in columns]
     _check_spark_types(type(schema)(wanted))
+    _check_executors(df)
     return DataFrameSource(
         batch_size=batch_size,
         num_epochs=num_epochs,
@@ -314,3 +316,15 @@ def from_dataframe(
         global_shuffle=bool(global_shuffle),
         dataframe=df,
     )
+
+
+def _check_executors(df: Any) -> None:
+    """Refuse, with a run's message, executors whose Python a run's stage cannot use: its
+    tasks hand their partitions to Python as Arrow batches, so it must import pyarrow too (one
+    one-task job, once per SparkContext and interpreter, whose report the run's own check
+    reuses; none on a local master running this interpreter, nor for Spark Connect)."""
+    from sparktrain.shipping.python_probe import check_executor_python, classic_context
+
+    sc = classic_context(getattr(df, "sparkSession", None))
+    if sc is not None:
+        check_executor_python(sc, data=True)

@@ -52,7 +52,7 @@ def write_from_tasks(
         fs.rm(root, recursive=True)
     fs.makedirs(root, exist_ok=True)
     write = _partition_writer(url, dict(storage_options or {}), row_group_size_bytes)
-    with sparktrain_python(df.sparkSession):
+    with sparktrain_python(df.sparkSession, data=True):
         stage = df.mapInArrow(write, "partition long, file string, size long, sha256 string")
     rows = stage.collect()
     written = [row for row in sorted(rows, key=lambda row: row["partition"]) if row["file"]]

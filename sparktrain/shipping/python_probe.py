@@ -28,7 +28,8 @@ interpreter), :func:`check_executor_python` runs one small task before the barri
 submitted: it imports sparktrain and torch on an executor, once per SparkContext and
 interpreter, and a failure is one :class:`~sparktrain.errors.ConfigurationError` that names
 ``PYSPARK_PYTHON`` / ``spark.pyspark.python``, the interpreter the executor ran, and what it
-could not import.
+could not import. The task tries pyarrow too: jobs over Arrow batches (the converter's,
+``predict_udf``, ``from_dataframe``) check with ``data=True``, and are refused where it lacks it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ _log = logging.getLogger(__name__)
 PYSPARK_DEFAULT = "python3"
 PROBE_TIMEOUT = 120.0
 MODULES = ("sparktrain", "torch")
+# What a job that hands Arrow batches to Python needs besides (mapInArrow, Arrow and pandas UDFs).
+DATA_MODULES = ("pyarrow",)
 # What a Spark task and its ranks import first: ``import sparktrain`` alone is lazy and needs
 # none of sparktrain's dependencies (a checkout's folder on the path would pass it).
 ENTRY_MODULES = ("sparktrain.task.entry", "sparktrain.worker.bootstrap")
@@ -81,6 +84,8 @@ class ProbeReport:
         modules: module name -> version, for each of :data:`MODULES` that imported.
         errors: module name -> ``"ErrorType: message"``, for each that did not.
         failure: why the task itself failed (no Python started, a version mismatch), or "".
+        data_modules: as ``modules``, for :data:`DATA_MODULES`.
+        data_errors: as ``errors``, for :data:`DATA_MODULES`.
     """
 
     python: str
@@ -90,11 +95,18 @@ class ProbeReport:
     modules: dict[str, str] = dataclasses.field(default_factory=dict)
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
     failure: str = ""
+    data_modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    data_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        """True when the task ran and every module imported."""
+        """True when the task ran and every one of :data:`MODULES` imported."""
         return not self.failure and not self.errors and set(self.modules) == set(MODULES)
+
+    @property
+    def ok_for_data(self) -> bool:
+        """True when, besides, every one of :data:`DATA_MODULES` imported."""
+        return self.ok and not self.data_errors and set(self.data_modules) == set(DATA_MODULES)
 
 
 def is_local_master(master: str) -> bool:
@@ -154,7 +166,7 @@ def classic_context(spark: Any) -> Any | None:
 
 @contextlib.contextmanager
 def sparktrain_python(
-    spark: Any, *, check: bool = True, timeout: float = PROBE_TIMEOUT
+    spark: Any, *, check: bool = True, timeout: float = PROBE_TIMEOUT, data: bool = False
 ) -> Iterator[str | None]:
     """The Python functions PySpark wraps inside this block start the interpreter a run
     starts on the executors (:func:`executor_python`), not the session's default.
@@ -168,13 +180,15 @@ def sparktrain_python(
         check: first run :func:`check_executor_python` (where the interpreter is not known
             to work: a one-task job, once per SparkContext and interpreter).
         timeout: the check's, see :func:`probe`.
+        data: the job hands Arrow batches to Python (``mapInArrow``, an Arrow or pandas UDF):
+            the check requires pyarrow too.
 
     Yields:
         The interpreter pinned, or None for Spark Connect.
 
     Raises:
         ConfigurationError: the check found that the executors' Python cannot run
-            sparktrain (the message a run gives).
+            sparktrain (or, with ``data``, lacks pyarrow): the message a run gives.
     """
     sc = classic_context(spark)
     if sc is None:
@@ -182,7 +196,7 @@ def sparktrain_python(
         return
     python = executor_python(sc)[0]
     if check:
-        check_executor_python(sc, timeout)
+        check_executor_python(sc, timeout, data=data)
     with _python_exec(sc, python):
         yield python
 
@@ -193,7 +207,8 @@ def pin_udf(udf: Any, check: bool = True) -> Any:
 
     PySpark wraps a UDF's function once, at its first call on a column, with the interpreter
     of that moment, and keeps it; so pinning that first call pins every use. A Spark Connect
-    UDF, which PySpark wraps on the server, is returned unchanged.
+    UDF, which PySpark wraps on the server, is returned unchanged. The check (``check``)
+    requires pyarrow too: every such UDF hands Arrow batches to Python.
 
     Returns:
         ``udf`` itself.
@@ -209,7 +224,7 @@ def pin_udf(udf: Any, check: bool = True) -> Any:
         sc = SparkContext._active_spark_context
         if sc is None:  # PySpark starts a session for it: nothing chosen yet to pin
             return create(*args, **kwargs)
-        with sparktrain_python(sc, check=check):
+        with sparktrain_python(sc, check=check, data=True):
             return create(*args, **kwargs)
 
     inner._create_judf = create_pinned
@@ -230,7 +245,8 @@ def pin_python(rdd: Any, sc: Any, python: str) -> None:
 
 
 def _probe_task(iterator: Any) -> list[dict[str, Any]]:
-    """Runs on an executor: which Python this is, and whether it imports sparktrain and torch."""
+    """Runs on an executor: which Python this is, and whether it imports sparktrain and torch
+    (and pyarrow, which jobs over Arrow batches need)."""
     import importlib
     import socket
     import sys
@@ -243,16 +259,22 @@ def _probe_task(iterator: Any) -> list[dict[str, Any]]:
         "version": sys.version.split()[0],
         "modules": {},
         "errors": {},
+        "data_modules": {},
+        "data_errors": {},
     }
-    for name, first in (("sparktrain", ENTRY_MODULES), ("torch", ())):
+    for name, first, kind in (
+        ("sparktrain", ENTRY_MODULES, ""),
+        ("torch", (), ""),
+        ("pyarrow", (), "data_"),
+    ):
         try:
             for needed in first:
                 importlib.import_module(needed)
             module = importlib.import_module(name)
         except BaseException as exc:  # noqa: BLE001 - any failure is what is reported
-            found["errors"][name] = f"{type(exc).__name__}: {exc}"
+            found[f"{kind}errors"][name] = f"{type(exc).__name__}: {exc}"
         else:
-            found["modules"][name] = str(getattr(module, "__version__", "unknown"))
+            found[f"{kind}modules"][name] = str(getattr(module, "__version__", "unknown"))
     return [found]
 
 
@@ -325,15 +347,20 @@ def _report(python: str, outcome: Any) -> ProbeReport:
         version=found["version"],
         modules=dict(found["modules"]),
         errors=dict(found["errors"]),
+        data_modules=dict(found.get("data_modules", {})),
+        data_errors=dict(found.get("data_errors", {})),
     )
 
 
-def describe_failure(report: ProbeReport, source: str) -> str:
-    """The one message for an executor Python that cannot run sparktrain."""
+def describe_failure(report: ProbeReport, source: str, data: bool = False) -> str:
+    """The one message for an executor Python that cannot run sparktrain (with ``data``,
+    sparktrain's jobs over Arrow batches, which need pyarrow too)."""
+    needed = "sparktrain, torch and pyarrow" if data else "sparktrain and torch"
     if report.failure:
         what = f"Spark could not run a Python task with it: {report.failure}"
     else:
-        missing = "; ".join(f"{name} ({error})" for name, error in report.errors.items())
+        errors = {**report.errors, **(report.data_errors if data else {})}
+        missing = "; ".join(f"{name} ({error})" for name, error in errors.items())
         what = (
             f"on {report.host} it started {report.found} (Python {report.version}), which "
             f"cannot import {missing}"
@@ -341,13 +368,16 @@ def describe_failure(report: ProbeReport, source: str) -> str:
     return (
         f"the executors' Python cannot run sparktrain: {report.python} (from {source}); "
         f"{what}. Set PYSPARK_PYTHON (before the SparkSession starts) or spark.pyspark.python "
-        "to an interpreter that has sparktrain and torch on every executor (this driver runs "
+        f"to an interpreter that has {needed} on every executor (this driver runs "
         f"{sys.executable}), or install them into the executors' Python"
     )
 
 
-def check_executor_python(sc: Any, timeout: float = PROBE_TIMEOUT) -> ProbeReport | None:
-    """Refuse a run whose executors' Python cannot import sparktrain and torch.
+def check_executor_python(
+    sc: Any, timeout: float = PROBE_TIMEOUT, *, data: bool = False
+) -> ProbeReport | None:
+    """Refuse a run whose executors' Python cannot import sparktrain and torch (with
+    ``data``, a job over Arrow batches whose executors' Python cannot import pyarrow too).
 
     A local master running this very interpreter is known to work and is not probed; anything
     else is, once per SparkContext and interpreter.
@@ -355,18 +385,20 @@ def check_executor_python(sc: Any, timeout: float = PROBE_TIMEOUT) -> ProbeRepor
     Args:
         sc: a classic SparkContext.
         timeout: see :func:`probe`; when the probe cannot run in time, the run goes on.
+        data: require :data:`DATA_MODULES` too (one probe answers both: its report is cached).
 
     Returns:
         The probe's report, or None when nothing was probed.
 
     Raises:
         ConfigurationError: the executor's Python failed to start or to import sparktrain or
-            torch; the message names the settings, the interpreter found and the import error.
+            torch (or pyarrow, with ``data``); the message names the settings, the interpreter
+            found and the import error.
     """
     python, source = executor_python(sc)
     if is_local_master(sc.master) and _is_this_interpreter(python):
         return None
     report = probe(sc, python, timeout)
-    if report is not None and not report.ok:
-        raise ConfigurationError(describe_failure(report, source))
+    if report is not None and not (report.ok_for_data if data else report.ok):
+        raise ConfigurationError(describe_failure(report, source, data))
     return report

@@ -4,6 +4,7 @@ interpreter a run chooses, checked first where it is not known to work."""
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +70,132 @@ def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(python_probe, "probe", probe)
     return seen
+
+
+NO_PYARROW = "ModuleNotFoundError: No module named 'pyarrow'"
+CLUSTER_DEFAULT = "PySpark's default (PYSPARK_PYTHON unset: python3 from the executors' PATH)"
+
+
+@pytest.fixture
+def no_pyarrow(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The interpreters probed (each probe finds a Python with sparktrain and torch that
+    cannot import pyarrow: enough for a run, not for a job over Arrow batches)."""
+    seen: list[str] = []
+
+    def probe(sc: Any, python: str, timeout: float) -> ProbeReport:
+        seen.append(python)
+        return ProbeReport(
+            python=python,
+            found="/usr/bin/python3",
+            host="worker-1",
+            version="3.11.2",
+            modules={"sparktrain": "0.9.0", "torch": "2.13.0"},
+            errors={},
+            data_errors={"pyarrow": NO_PYARROW},
+        )
+
+    monkeypatch.setattr(python_probe, "probe", probe)
+    return seen
+
+
+def _refusal_without_pyarrow() -> str:
+    report = python_probe.probe(FakeContext("yarn"), "python3", 0)
+    assert report is not None
+    message = describe_failure(report, CLUSTER_DEFAULT, data=True)
+    assert f"cannot import pyarrow ({NO_PYARROW})" in message
+    assert "an interpreter that has sparktrain, torch and pyarrow on every executor" in message
+    assert "Set PYSPARK_PYTHON (before the SparkSession starts)" in message
+    return message
+
+
+def test_a_python_without_pyarrow_runs_a_training_but_not_a_job_over_arrow_batches(
+    unset: None, no_pyarrow: list[str]
+) -> None:
+    sc = FakeContext("yarn")
+    with sparktrain_python(sc) as python:  # what a run's stage needs is there
+        assert sc.pythonExec == python == "python3"
+    built = []
+    with pytest.raises(ConfigurationError) as info, sparktrain_python(sc, data=True):
+        built.append(sc.pythonExec)
+    assert str(info.value) == _refusal_without_pyarrow()
+    assert built == []
+
+
+def test_the_converters_jobs_refuse_a_python_without_pyarrow(
+    unset: None, no_pyarrow: list[str], tmp_path: Any
+) -> None:
+    from sparktrain.data.converter import _probe_from_executors
+    from sparktrain.data.task_writer import write_from_tasks
+
+    # Neither fake has what building the job needs (range, mapInArrow): refused before it.
+    session = FakeSession(FakeContext("yarn"))
+    with pytest.raises(ConfigurationError) as probe_job:
+        _probe_from_executors(session, tmp_path.as_uri(), "probe", "token", None)
+    frame = types.SimpleNamespace(sparkSession=session)
+    with pytest.raises(ConfigurationError) as writer_job:
+        write_from_tasks(
+            frame, (tmp_path / "cache").as_uri(), row_group_size_bytes=1 << 20, storage_options={}
+        )
+    assert str(probe_job.value) == str(writer_job.value) == _refusal_without_pyarrow()
+
+
+def test_from_dataframe_refuses_a_python_without_pyarrow_before_the_run(
+    unset: None, no_pyarrow: list[str]
+) -> None:
+    from pyspark.sql import types as sql
+
+    from sparktrain.data import from_dataframe
+
+    frame = types.SimpleNamespace(
+        sparkSession=FakeSession(FakeContext("spark://10.0.0.1:7077")),
+        schema=sql.StructType([sql.StructField("x", sql.DoubleType())]),
+        columns=["x"],
+        repartition=None,
+    )
+    with pytest.raises(ConfigurationError) as info:
+        from_dataframe(frame, batch_size=4)
+    assert no_pyarrow == ["python3"]  # checked once, at the call
+    assert str(info.value) == _refusal_without_pyarrow()
+
+
+def test_predict_udf_refuses_a_python_without_pyarrow_at_its_first_column(
+    monkeypatch: pytest.MonkeyPatch, unset: None, no_pyarrow: list[str]
+) -> None:
+    import torch
+    from pyspark import SparkContext
+
+    from sparktrain.inference import predict_udf
+
+    class TypedContext(FakeContext):
+        """PySpark reads a UDF's return type (DDL) through the active context's JVM."""
+
+        _jvm = object()
+
+        def _parse_ddl(self, ddl: str) -> Any:
+            from pyspark.sql.types import DoubleType
+
+            assert ddl == "double"
+            return DoubleType()
+
+    sc = TypedContext("yarn")
+    monkeypatch.setattr(SparkContext, "_active_spark_context", sc)
+    regress = predict_udf(torch.nn.Linear(2, 1), task="regression")
+    with pytest.raises(ConfigurationError) as info:
+        regress._unwrapped._judf  # noqa: B018 - what PySpark reads when the UDF meets a column
+    assert str(info.value) == _refusal_without_pyarrow()
+    assert sc.pythonExec == PYSPARK_DEFAULT
+
+
+def test_the_executor_task_reports_pyarrow_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's task, run here: pyarrow is reported beside sparktrain and torch, and its
+    absence fails a job over Arrow batches, not a run."""
+    found = python_probe._report("python3", python_probe._probe_task(iter([0])))
+    assert found.ok and found.ok_for_data
+    assert found.data_modules == {"pyarrow": pa.__version__}
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails
+    found = python_probe._report("python3", python_probe._probe_task(iter([0])))
+    assert found.ok and not found.ok_for_data
+    assert found.data_errors["pyarrow"].startswith("ModuleNotFoundError: import of pyarrow")
 
 
 def test_a_local_master_wraps_with_this_interpreter_inside_the_block_only(
