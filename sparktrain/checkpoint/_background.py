@@ -79,7 +79,7 @@ class PendingSave:
         cause = self._error
         error = CheckpointError(
             f"asynchronous checkpoint save of step {self.step} to {self.directory} failed "
-            f"in the background: {type(cause).__name__}: {cause}; it was not committed, so "
+            f"in the background: {describe(cause)}; it was not committed, so "
             "load_latest still finds the checkpoint before it, if any"
         )
         error.__cause__ = cause
@@ -96,6 +96,27 @@ class PendingSave:
     def __repr__(self) -> str:
         state = "running" if not self.done() else "failed" if self._error else "committed"
         return f"PendingSave(step={self.step}, directory={self.directory!r}, {state})"
+
+
+def describe(error: BaseException) -> str:
+    """``error`` as ``Type: message``. DCP's CheckpointException, whose text holds every failed
+    rank's traceback over many lines, is reduced to each rank's own exception, on one line:
+    ``OSError: [Errno 28] No space left on device (rank 0)``; ranks that failed alike are
+    named together. The exception itself stays chained for the traceback."""
+    failures = getattr(error, "failures", None)
+    if type(error).__name__ != "CheckpointException" or not isinstance(failures, Mapping):
+        return f"{type(error).__name__}: {error}"
+    ranks: dict[str, list[str]] = {}
+    for rank, failure in sorted(failures.items()):
+        cause = failure[0] if isinstance(failure, tuple) and failure else failure
+        text = describe(cause) if isinstance(cause, BaseException) else str(cause)
+        ranks.setdefault(" ".join(text.splitlines()), []).append(str(rank))
+    if not ranks:
+        return f"{type(error).__name__}: {error}"
+    return "; ".join(
+        f"{text} (rank{'s' if len(names) > 1 else ''} {', '.join(names)})"
+        for text, names in ranks.items()
+    )
 
 
 def whole(

@@ -5,13 +5,19 @@ an event the test sets: so ``save`` is seen to return while the data is not yet 
 (no timing), the tensors are changed before the write, and the next ``save`` is seen to wait.
 A background write that fails (a full target: the write raises ENOSPC) surfaces at the next
 save, at ``wait()`` and, through ``SparkRunner(np=-2)``, when the rank's function returns,
-with the step named. Sharded asynchronous saves of an FSDP model at 2 ranks (gloo) load back
-identical to the state at the instant of the save.
+with the step named. So does a failed sharded background write (an fsspec store whose disk is
+full for the shards), its cause on one line with the rank named instead of DCP's multi-line
+wrapper; and a real read-only folder (written by another account, since root ignores a
+folder's mode) fails whole and sharded background writes with the OS's PermissionError.
+Sharded asynchronous saves of an FSDP model at 2 ranks (gloo) load back identical to the state
+at the instant of the save.
 """
 
 from __future__ import annotations
 
 import errno
+import json
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -25,6 +31,7 @@ torch = pytest.importorskip("torch")
 from sparktrain import SparkRunner, checkpoint  # noqa: E402
 from sparktrain.checkpoint import _background, _store  # noqa: E402
 from sparktrain.errors import WorkerFailedError  # noqa: E402
+from tests.accounts import Account, need_python  # noqa: E402
 
 _real_write = _store._Store.write
 
@@ -312,3 +319,142 @@ def test_sharded_asynchronous_saves_at_two_ranks_load_back_identical(tmp_path: P
         "step-000000000001.commit.json",
         "step-000000000002.commit.json",
     ]
+
+
+def _full_shards(protocol: str, steps: tuple[int, ...] | None = None) -> Any:
+    """Register ``protocol``, an in-memory store whose disk is full for the shards (``.distcp``
+    files) of sharded checkpoints of ``steps`` (None: of every step); its file system."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    full = None if steps is None else tuple(f"step-{step:012d}." for step in steps)
+
+    class FullFileSystem(MemoryFileSystem):
+        store: dict[str, Any] = {}
+        pseudo_dirs = [""]
+
+        def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+            folder, _, name = path.rpartition("/")
+            mine = full is None or folder.rpartition("/")[2].startswith(full)
+            if "w" in mode and name.endswith(".distcp") and mine:
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+            return super()._open(path, mode, **kwargs)
+
+    FullFileSystem.protocol = protocol
+    fsspec.register_implementation(protocol, FullFileSystem, clobber=True)
+    return fsspec.filesystem(protocol)
+
+
+def test_a_failed_sharded_background_write_raises_at_the_next_save_on_one_line(
+    tmp_path: Path,
+) -> None:
+    fs = _full_shards("fullshards", (2,))  # step 3 finds room again
+    directory = f"fullshards://{tmp_path.name}"
+    checkpoint.save({"w": torch.zeros(2)}, directory, 1, sharded=True)
+    handle = checkpoint.save({"w": torch.ones(2)}, directory, 2, sharded=True, asynchronous=True)
+
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        checkpoint.save({"w": torch.full((2,), 3.0)}, directory, 3, sharded=True)
+
+    message = str(caught.value)
+    assert message.startswith(
+        f"asynchronous checkpoint save of step 2 to {directory} failed in the background: "
+        "OSError: [Errno 28] No space left on device: "
+    ), message
+    # DCP's wrapper (every failed rank's traceback) is reduced to the cause, on one line.
+    assert "__0_0.distcp' (rank 0); it was not committed" in message, message
+    assert "\n" not in message and "CheckpointException" not in message, message
+    # The chain is kept for the traceback: DCP's exception, holding rank 0's OSError.
+    failures = getattr(caught.value.__cause__, "failures", {})
+    assert isinstance(failures[0][0], OSError) and failures[0][0].errno == errno.ENOSPC
+    assert handle.done() and isinstance(handle.exception(), checkpoint.CheckpointError)
+    markers = sorted(k.rpartition("/")[2] for k in fs.store if k.endswith(".commit.json"))
+    assert markers == ["step-000000000001.commit.json"]
+    # Raised once: the save after it goes through, and nothing is raised again.
+    assert checkpoint.save({"w": torch.full((2,), 3.0)}, directory, 3, sharded=True)
+    checkpoint.wait()
+    into = {"w": torch.zeros(2)}
+    loaded = checkpoint.load_latest(directory, into=into)
+    assert loaded is not None and loaded.step == 3 and torch.equal(into["w"], torch.full((2,), 3.0))
+
+
+def _fail_sharded_at_the_end(directory: str) -> str:
+    """Save a sharded checkpoint asynchronously into a store whose disk is full, and return
+    before the write is done."""
+    import torch.distributed as dist
+
+    _full_shards(directory.partition(":")[0])
+    dist.init_process_group("gloo")
+    checkpoint.save({"w": torch.ones(4)}, directory, 7, sharded=True, asynchronous=True)
+    return "returned"
+
+
+def test_a_failed_sharded_background_write_fails_the_run_when_the_function_returns() -> None:
+    with pytest.raises(WorkerFailedError) as caught:
+        SparkRunner(np=-2, progress=False).run(_fail_sharded_at_the_end, "fullshards://ckpt")
+    message = str(caught.value)
+    said = [line for line in message.splitlines() if "checkpoint save of step 7" in line]
+    assert said, message
+    # Each rank names its own cause, on the line that names the step; DCP's wrapper is gone.
+    assert re.search(
+        r"asynchronous checkpoint save of step 7 to fullshards://ckpt failed in the "
+        r"background: OSError: \[Errno 28\] No space left on device: \S+ \(rank 0\); "
+        r"OSError: \[Errno 28\] No space left on device: \S+ \(rank 1\); it was not committed",
+        said[0],
+    ), message
+
+
+_AS_ANOTHER_ACCOUNT = """
+import json, os, torch
+from sparktrain import checkpoint
+
+os.environ[checkpoint.RUN_ID_ENV] = "read-only-run"
+seen = {}
+for kind in ("whole", "sharded"):
+    directory = os.path.join(os.environ["ROOT"], kind)
+    sharded = kind == "sharded"
+    checkpoint.save({"w": torch.zeros(4)}, directory, 1, sharded=sharded)
+    os.chmod(directory, 0o555)  # its owner (not root) can no longer write into it
+    handle = checkpoint.save({"w": torch.ones(4)}, directory, 2, sharded=sharded,
+                             asynchronous=True)
+    try:
+        checkpoint.save({"w": torch.ones(4)}, directory, 3, sharded=sharded)
+        error = None
+    except checkpoint.CheckpointError as exc:
+        error = str(exc)
+    into = {"w": torch.full((4,), -1.0)}
+    ckpt = checkpoint.load_latest(directory, **({"into": into} if sharded else {}))
+    state = into if sharded else ckpt.state
+    seen[kind] = {"returned": type(handle).__name__, "error": error, "loaded": ckpt.step,
+                  "w": state["w"].tolist(), "names": sorted(os.listdir(directory))}
+print(json.dumps(seen))
+"""
+
+
+def test_a_read_only_target_fails_the_background_write_and_the_next_save_says_so(
+    tmp: Path, other: Account
+) -> None:
+    # As root, a folder's mode does not stop writes: the save runs as another account.
+    need_python(other)
+    root = tmp / "ckpt"
+    other.run("mkdir", str(root))
+    done = other.python(_AS_ANOTHER_ACCOUNT, env={"ROOT": str(root), "TMPDIR": str(tmp)})
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+
+    for kind in ("whole", "sharded"):
+        got = seen[kind]
+        assert got["returned"] == "PendingSave", got  # the failure comes later, in the background
+        error = got["error"]
+        assert error is not None and "\n" not in error, got
+        assert error.startswith(
+            f"asynchronous checkpoint save of step 2 to {root / kind} failed in the background: "
+            "PermissionError: [Errno 13] Permission denied: "
+        ), error
+        assert error.endswith(
+            "; it was not committed, so load_latest still finds the checkpoint before it, if any"
+        ), error
+        assert got["loaded"] == 1 and got["w"] == [0.0] * 4, got
+        assert [n for n in got["names"] if n.endswith(".commit.json")] == [
+            "step-000000000001.commit.json"
+        ], got
+    assert seen["sharded"]["error"].count("(rank 0)") == 1, seen["sharded"]["error"]
