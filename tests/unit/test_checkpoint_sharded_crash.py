@@ -11,6 +11,11 @@ own as its peer vanished, or hang in a collective), and loads the directory in o
 the checkpoint must be the newest step reported, or the one after it (committed, then killed
 before the report); both ranks' tensors and the loader's state must be those of that step;
 and no committed marker may point at missing, truncated or corrupted files.
+
+The same runs with asynchronous saves (``asynchronous=True``): each rank waits for the save
+before (``checkpoint.wait()``), reports its step as committed, starts the next save and at once
+overwrites the tensors it saved, as training would; so the kill also lands during background
+writes and staging, and a checkpoint holding anything but the staged values is caught.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ HELPER = textwrap.dedent(
     from sparktrain.data import ResumableDistributedSampler
 
     directory, trials, seed, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    asynchronous = sys.argv[5] == "asynchronous"
     os.environ[checkpoint.RUN_ID_ENV] = "sharded-crash-test"  # every pair restarts one run
     rng = random.Random(seed)
 
@@ -61,9 +67,19 @@ HELPER = textwrap.dedent(
         next(iter(sampler))  # an epoch in progress: its place is the rows consumed
         step = first
         while True:
-            checkpoint.save(state(step, rank), where, step, keep_last=2, sharded=True,
-                            loader=sampler.state_dict(consumed=step))
-            os.write(fd, b"%d %d %.6f\\n" % (rank, step, time.perf_counter()))
+            if asynchronous:
+                checkpoint.wait()  # the save before is committed: it is reported
+                if step > first:
+                    os.write(fd, b"%d %d %.6f\\n" % (rank, step - 1, time.perf_counter()))
+            live = state(step, rank)
+            checkpoint.save(live, where, step, keep_last=2, sharded=True,
+                            loader=sampler.state_dict(consumed=step), asynchronous=asynchronous)
+            if asynchronous:  # training changes the tensors while the staged copy is written
+                for tensor in live.values():
+                    if isinstance(tensor, torch.Tensor):
+                        tensor.fill_(-1.0)
+            else:
+                os.write(fd, b"%d %d %.6f\\n" % (rank, step, time.perf_counter()))
             step += 1
 
     counter = [0]
@@ -102,6 +118,9 @@ HELPER = textwrap.dedent(
     next(iter(warm))
     checkpoint.save(state(0), directory + "-warm", 0, sharded=True, loader=warm)
     checkpoint.load_latest(directory + "-warm", into={**state(0), "loader": None})
+    if asynchronous:  # staging and the background thread, once
+        checkpoint.save(state(1), directory + "-warm", 1, sharded=True, asynchronous=True)
+        checkpoint.wait()
 
     # Calibrate on a pair of its own: a fork's first save, and the warm saves after it.
     begun = time.perf_counter()
@@ -166,8 +185,9 @@ HELPER = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
 def test_sigkill_of_one_rank_at_random_instants_of_sharded_saves_never_tears_a_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -176,7 +196,7 @@ def test_sigkill_of_one_rank_at_random_instants_of_sharded_saves_never_tears_a_c
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", HELPER, str(tmp_path / "ckpt"), str(TRIALS), "20261207"]
-        + [str(ROWS)],
+        + [str(ROWS), mode],
         capture_output=True,
         text=True,
         timeout=240,
@@ -202,7 +222,7 @@ def test_sigkill_of_one_rank_at_random_instants_of_sharded_saves_never_tears_a_c
     mid_save = sum(r["interrupted"] for r in results)
     with_commits = sum(r["saves"] > 0 for r in results)
     print(
-        f"\n{TRIALS} trials in {elapsed:.1f} s (a fork pair's first save "
+        f"\n{mode}: {TRIALS} trials in {elapsed:.1f} s (a fork pair's first save "
         f"~{report['first_save'] * 1000:.0f} ms, then ~{report['per_save'] * 1000:.1f} ms "
         f"each): {mid_save} killed mid-save, {with_commits} after at least one save returned; "
         f"victims {sum(r['victim'] for r in results)} of rank 1; "
