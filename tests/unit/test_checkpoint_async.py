@@ -458,3 +458,18 @@ def test_a_read_only_target_fails_the_background_write_and_the_next_save_says_so
             "step-000000000001.commit.json"
         ], got
     assert seen["sharded"]["error"].count("(rank 0)") == 1, seen["sharded"]["error"]
+
+
+def test_ranks_whose_background_writes_failed_alike_are_named_together() -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    failures = {2: (denied, []), 0: (full, []), 1: (full, [])}
+    dcp_error = CheckpointException("CheckpointException ranks:dict_keys([0, 1, 2])", failures)
+
+    assert _background.describe(dcp_error) == (
+        "OSError: [Errno 28] No space left on device (ranks 0, 1); "
+        "PermissionError: [Errno 13] Permission denied (rank 2)"
+    )
+    assert _background.describe(full) == "OSError: [Errno 28] No space left on device"
