@@ -16,16 +16,25 @@ entered when the backward pass reaches the model's output and completed once DDP
 for its all-reduce (the backward pass's last callback). Other collectives issued from C++
 without these Python functions are not seen.
 
-With NCCL, a blocking collective returns (and so counts as completed) once it is queued on
-the GPU: a rank waiting for a peer there blocks later, at its next synchronization with the
-GPU, which is not counted (NCCL's watchdog and flight recorder cover that case).
+With NCCL (a group whose backend is one of :data:`QUEUED_BACKENDS`), a blocking collective
+returns once it is queued on the GPU, and its work's future completes then too: a rank waiting
+for a peer blocks later, at its next synchronization with the GPU (``.item()``), outside the
+function. So on such a group every collective function that takes ``async_op`` is issued with
+``async_op=True`` (then waited for, as torch does, when the caller asked for a blocking call),
+and it counts as completed only once its work says so (``Work.is_completed()``: for NCCL, once
+the GPU has run it), looked at after each wait and every second while any is outstanding (see
+:mod:`sparktrain.worker.outstanding`). A rank whose collective has not finished on the GPU is
+inside it. The functions without ``async_op`` (the ``*_object`` ones) count as before. This
+NCCL path has been run here on CPUs alone (Gloo standing in for NCCL), not yet on a GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -33,6 +42,7 @@ from typing import Any
 
 from sparktrain import contract
 from sparktrain.worker.import_hooks import PatchOnImport
+from sparktrain.worker.outstanding import Outstanding
 
 # torch.distributed's collective functions (those a version lacks are skipped).
 TORCH_COLLECTIVES = (
@@ -60,6 +70,9 @@ TORCH_COLLECTIVES = (
 # Horovod's wait for a collective's handle: its blocking collectives call it too.
 HOROVOD_WAITS = ("synchronize",)
 _WRAPPED = "_sparktrain_counted"
+# Backends whose blocking collectives return once queued on the device, not once done: a group
+# whose backend's name holds one of these has its collectives counted by their works.
+QUEUED_BACKENDS: tuple[str, ...] = ("nccl",)
 
 
 class Counters:
@@ -79,6 +92,8 @@ class Counters:
         # Completions may come on another thread (a future's callback): an addition is a
         # read and a write, and a lost one would leave the rank inside a collective forever.
         self._lock = threading.Lock()
+        # Queued collectives (NCCL) not yet run on the device.
+        self.outstanding = Outstanding(self.leave)
 
     def enter(self) -> None:
         """A collective began."""
@@ -99,9 +114,12 @@ def counted(fn: Callable[..., Any], counters: Counters) -> Callable[..., Any]:
     """``fn`` counting each call as a collective; idempotent."""
     if getattr(fn, _WRAPPED, False):
         return fn
+    place = _async_place(fn)
 
     @functools.wraps(fn)
     def collective(*args: Any, **kwargs: Any) -> Any:
+        if place is not None and is_queued(_argument(args, kwargs, place[1], "group")):
+            return _issue_queued(fn, counters, place[0], args, kwargs)
         counters.enter()
         try:
             work = fn(*args, **kwargs)
@@ -117,6 +135,88 @@ def counted(fn: Callable[..., Any], counters: Counters) -> Callable[..., Any]:
 
     setattr(collective, _WRAPPED, True)
     return collective
+
+
+def _async_place(fn: Callable[..., Any]) -> tuple[int | None, int | None] | None:
+    """Where ``fn`` takes ``async_op`` and ``group`` positionally (None: only by keyword), or
+    None when it takes no ``async_op``."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    positional = [
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if "async_op" not in {p.name for p in params}:
+        return None
+
+    def index(name: str) -> int | None:
+        return positional.index(name) if name in positional else None
+
+    return index("async_op"), index("group")
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None, name: str) -> Any:
+    if index is not None and index < len(args):
+        return args[index]
+    return kwargs.get(name)
+
+
+def backend_name(group: Any) -> str:
+    """The backend of ``group`` (None: the default group) as torch names it; "" if unknown."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return str(dist.get_backend(group)) if dist is not None else ""
+    except (ValueError, RuntimeError, TypeError, AttributeError):
+        pass  # not initialized, or a group made by hand outside torch's world
+    name = getattr(group, "name", None)
+    try:
+        return str(name()) if callable(name) else ""
+    except (RuntimeError, TypeError):
+        return ""
+
+
+def is_queued(group: Any) -> bool:
+    """Whether ``group``'s blocking collectives return once queued (see QUEUED_BACKENDS)."""
+    name = backend_name(group).lower()
+    return any(backend in name for backend in QUEUED_BACKENDS)
+
+
+def _issue_queued(
+    fn: Callable[..., Any],
+    counters: Counters,
+    index: int | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Issue ``fn`` with ``async_op=True``, counted completed when its work is; wait for it
+    (as torch does for a blocking call) unless the caller asked for ``async_op``."""
+    wanted_async = bool(_argument(args, kwargs, index, "async_op"))
+    if index is not None and index < len(args):
+        args = (*args[:index], True, *args[index + 1 :])
+    else:
+        kwargs = {**kwargs, "async_op": True}
+    counters.enter()
+    try:
+        work = fn(*args, **kwargs)
+    except BaseException:
+        counters.leave()
+        raise
+    if work is None:  # this rank is not in the group: nothing was issued
+        counters.leave()
+        return None
+    counters.outstanding.add(work)
+    if wanted_async:
+        return work
+    try:
+        work.wait()
+    except BaseException:
+        counters.outstanding.drop(work)
+        raise
+    counters.outstanding.settle()  # done already where the wait waited for it (Gloo, barrier)
+    return None
 
 
 def _future_of(work: Any) -> Any:
