@@ -117,7 +117,8 @@ class FrameLoader:
     gives back to :meth:`load_state_dict` before iterating: at the same number of ranks it
     goes on at the next batch, the rows and order of an uninterrupted run (the DataFrame
     must give the same rows in the same order, as a table or file scan does); at another
-    number of ranks the shares differ, so the saved epoch starts over.
+    number of ranks the shares differ, so a place mid-epoch is refused unless the saved
+    epoch is to start over (``restart_epoch=True``).
     """
 
     def __init__(self, stream: Any, num_epochs: int, agree: Callable[[int], int] | None) -> None:
@@ -177,11 +178,18 @@ class FrameLoader:
             "world_size": self._world,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, restart_epoch: bool = False) -> None:
         """Go on from ``state`` (a :meth:`state_dict`), before the first batch is taken.
 
+        At the number of ranks that saved it, the loader goes on at the next batch exactly.
+        At another number, each rank's share of an epoch differs, so a place mid-epoch cannot
+        be found again: that is refused unless ``restart_epoch=True``, which reads the saved
+        epoch again from its start (its rows already trained on are read again). A place at
+        an epoch's start loads at any size.
+
         Raises:
-            ConfigurationError: ``state`` is not this loader's, or batches were taken already.
+            ConfigurationError: ``state`` is not this loader's, batches were taken already, or
+                it was saved mid-epoch at another number of ranks without ``restart_epoch``.
         """
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ConfigurationError(
@@ -190,9 +198,18 @@ class FrameLoader:
             )
         if self._started:
             raise ConfigurationError("load_state_dict must come before the first batch")
-        self.epoch = int(state["epoch"])
-        same_size = int(state["world_size"]) == self._world
-        self._skip = int(state["steps"]) if same_size else 0
+        epoch, steps, saved = int(state["epoch"]), int(state["steps"]), int(state["world_size"])
+        if saved != self._world and steps and not restart_epoch:
+            raise ConfigurationError(
+                f"this loader's place was saved by {saved} ranks after {steps} batches of "
+                f"epoch {epoch}, and this run has {self._world}: each rank's share of an epoch "
+                "depends on the number of ranks, so the batches left cannot be found exactly. "
+                f"Pass load_state_dict(state, restart_epoch=True) to read epoch {epoch} again "
+                f"from its start (its {steps} batches per rank already taken are read again), "
+                f"or run at np={saved} to go on exactly"
+            )
+        self.epoch = epoch
+        self._skip = steps if saved == self._world else 0
 
 
 STATE_FORMAT = "sparktrain.data.from_dataframe/1"

@@ -77,3 +77,39 @@ def test_the_loader_outside_a_run_says_how_to_get_one(monkeypatch: pytest.Monkey
     with pytest.raises(ConfigurationError, match=r"run\(train, data=from_dataframe"):
         with source.loader():
             pass
+
+
+def place(world_size: int, steps: int) -> dict[str, Any]:
+    return {
+        "format": "sparktrain.data.from_dataframe/1",
+        "epoch": 1,
+        "steps": steps,
+        "world_size": world_size,
+    }
+
+
+def test_a_place_mid_epoch_at_another_size_is_refused_unless_the_epoch_restarts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sparktrain.data.frame_source import FrameLoader
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = FrameLoader(stream=None, num_epochs=3, agree=None)
+    with pytest.raises(ConfigurationError) as refused:
+        loader.load_state_dict(place(world_size=2, steps=5))
+    message = str(refused.value)
+    assert "saved by 2 ranks after 5 batches of epoch 1, and this run has 3" in message
+    assert "restart_epoch=True" in message and "np=2" in message
+    assert loader.epoch == 0  # nothing taken from the refused place
+
+    loader.load_state_dict(place(world_size=2, steps=5), restart_epoch=True)
+    assert (loader.epoch, loader._skip) == (1, 0)  # the saved epoch from its start
+
+    at_start = FrameLoader(stream=None, num_epochs=3, agree=None)
+    at_start.load_state_dict(place(world_size=2, steps=0))  # an epoch's start: any size
+    assert (at_start.epoch, at_start._skip) == (1, 0)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    same = FrameLoader(stream=None, num_epochs=3, agree=None)
+    same.load_state_dict(place(world_size=2, steps=5))
+    assert (same.epoch, same._skip) == (1, 5)  # the same size goes on after 5 batches
