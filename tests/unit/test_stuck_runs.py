@@ -245,3 +245,74 @@ def test_a_ddp_rank_that_never_reaches_backward_is_named_and_the_run_ends() -> N
         f"  rank 1: in _ddp_step at {line_of(_ddp_step, 'time.sleep(3600)')}: "
         "time.sleep(3600)  # never reaches the gradients' all-reduce"
     )
+
+
+def _hvd_reduce(behind: int, pid_dir: str) -> float:
+    import os
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    with open(os.path.join(pid_dir, f"{hvd.rank()}.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
+    if hvd.rank() == behind:
+        time.sleep(3600)  # never joins the allreduce below
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum)
+    return float(total.item())
+
+
+def _installed_horovod() -> bool:
+    from sparktrain.backends import horovod_install
+
+    return horovod_install.installed_horovod() is not None
+
+
+@pytest.mark.parametrize(
+    "impl",
+    [
+        "builtin",
+        pytest.param(
+            "horovod",
+            marks=pytest.mark.skipif(not _installed_horovod(), reason="Horovod is not installed"),
+        ),
+    ],
+)
+def test_a_horovod_rank_that_never_joins_an_allreduce_is_named_and_the_run_ends(
+    impl: str, tmp_path: Path
+) -> None:
+    from sparktrain import HorovodRunner
+
+    runner = HorovodRunner(
+        np=-2, stall_timeout=3, grace_period=1, progress=False, horovod_impl=impl
+    )
+    with pytest.raises(RunHungError) as info:
+        runner.run(_hvd_reduce, 1, str(tmp_path))
+    message = str(info.value)
+    pid = {rank: (tmp_path / f"{rank}.pid").read_text() for rank in (0, 1)}
+    assert re.match(
+        rf"the run hung: rank 1 \(host 127\.0\.0\.1, pid {pid[1]}; outside any collective, "
+        rf"\d+ done\) is behind, while rank 0 \(host 127\.0\.0\.1, pid {pid[0]}; waiting in "
+        r"collective #\d+\) waited, and no rank moved for 3s \(stall_timeout, ",
+        message,
+    ), message
+    rank0 = where_line(message, 0)
+    # Horovod's own wait (mpi_ops.synchronize), or where the built-in one waits: the
+    # torch.distributed all_gather that matches the ranks' requests.
+    waits = {
+        "horovod": "  rank 0: in synchronize (mpi_ops.py:",
+        "builtin": "  rank 0: in all_gather (distributed_c10d.py:",
+    }
+    assert rank0.startswith(waits[impl]), rank0
+    assert rank0.endswith(
+        f"called from _hvd_reduce at {line_of(_hvd_reduce, 'hvd.allreduce(')}: "
+        "total = hvd.allreduce(torch.ones(1), op=hvd.Sum)"
+    )
+    assert where_line(message, 1) == (
+        f"  rank 1: in _hvd_reduce at {line_of(_hvd_reduce, 'time.sleep(3600)')}: "
+        "time.sleep(3600)  # never joins the allreduce below"
+    )
+    assert "rank 1 on 127.0.0.1 was still running: in _hvd_reduce at " in message
+    assert "its main thread's stack (most recent call last):" in message
+    assert set(info.value.stopped) == {0, 1}
