@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import unicodedata
 from pathlib import Path
 
 import yaml
@@ -13,8 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # [text](target.md) or [text](target.md#anchor); images and absolute URLs are not pages.
 LINK = re.compile(r"(?<!!)\[([^\]\n]+)\]\(([^)\s#:]+\.md)(#[^)\s]*)?\)")
-# "What a node is" above: a section of the same page, named in quotes.
-QUOTED = re.compile(r'"([^"\n]{3,80})"\s+(above|below)')
+# "What a node is" above: a section of the same page, named in quotes (a name may wrap).
+QUOTED = re.compile(r'"([^"\n]{3,80}(?:\n[^"\n]{1,80})?)"\s+(above|below)')
+# see Exact resume above: the same, unquoted, as a capitalized name after "see".
+SEE = re.compile(r"\bsee ([A-Z][^.;:()\[\],]{2,60}?),?\s(above|below)\b")
+# [the cluster's needs](#what-the-cluster-needs) below: a section of the same page, linked.
+ANCHORED = re.compile(r"(?<!!)\[[^\]]{1,200}\]\(#([^)\s]+)\),?\s+(above|below)\b")
 
 
 def _pages() -> dict[str, Path]:
@@ -70,12 +75,77 @@ def test_a_link_that_names_a_page_uses_its_title() -> None:
     assert wrong == []
 
 
-def test_a_section_named_above_or_below_is_there() -> None:
+def _slug(heading: str) -> str:
+    """The anchor mkdocs gives a heading (Python-Markdown's toc: a link's text, ASCII, no
+    punctuation, lower case, runs of spaces and hyphens as one hyphen)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def _headings(text: str) -> list[tuple[int, str, str]]:
+    """Each heading of a page (outside code blocks, whose ``#`` lines are comments): the
+    offset where its line starts, its text and its anchor (``_1``, ``_2``... after the first
+    of a name, as mkdocs numbers them)."""
+    found: list[tuple[int, str, str]] = []
+    fenced, offset, anchors = False, 0, set()
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (heading := re.match(r"#+ (.+)$", line.rstrip("\n"))):
+            name = " ".join(heading.group(1).split())
+            anchor, n = _slug(name), 0
+            while anchor in anchors:
+                n += 1
+                anchor = f"{_slug(name)}_{n}"
+            anchors.add(anchor)
+            found.append((offset, name, anchor))
+        offset += len(line)
+    return found
+
+
+def misplaced(text: str) -> list[str]:
+    """The references to a section of the same page "above" or "below" that name no heading
+    of it in that direction: ``"Name" above``, ``see Name above`` and ``[text](#anchor)
+    above`` (each also with ``below``)."""
+    headings = _headings(text)
     wrong = []
-    for source, path in _pages().items():
-        text = path.read_text(encoding="utf-8")
-        headings = {h.strip() for h in re.findall(r"(?m)^#+ (.+)$", text)}
-        for name, where in QUOTED.findall(text):
-            if " ".join(name.split()) not in headings:
-                wrong.append(f'{source}: "{name}" {where} is no heading of the page')
+    for form, is_anchor in ((QUOTED, False), (SEE, False), (ANCHORED, True)):
+        for found in form.finditer(text):
+            name, where = " ".join(found.group(1).split()), found.group(2)
+            said = f"#{name}" if is_anchor else f'"{name}"'
+            at = [h[0] for h in headings if (h[2] if is_anchor else h[1]) == name]
+            if not at:
+                wrong.append(f"{said} {where} is no heading of the page")
+            elif where == "above" and min(at) > found.start():
+                wrong.append(f"{said} {where} is a heading below it")
+            elif where == "below" and max(at) < found.start():
+                wrong.append(f"{said} {where} is a heading above it")
+    return wrong
+
+
+def test_a_section_named_above_or_below_is_there() -> None:
+    """A section of the same page named as "above" (or "below") is a heading that comes
+    before (or after) the reference."""
+    wrong = [
+        f"{source}: {problem}"
+        for source, path in _pages().items()
+        for problem in misplaced(path.read_text(encoding="utf-8"))
+    ]
     assert wrong == []
+
+
+def test_the_direction_of_a_section_reference_is_checked() -> None:
+    page = (
+        "# Page\n\n## Setup\n\n"
+        'See "Setup" above and "Setup" below, see Setup below, [how](#setup) above.\n'
+        'Then [the end](#the-end), below; [later](#setup_1) above; "No such" above.\n\n'
+        "```python\n# The end\n```\n\n## Setup\n\n"
+        "[first](#setup) above, [second](#setup_1) above.\n"
+    )
+    assert misplaced(page) == [
+        '"No such" above is no heading of the page',
+        "#the-end below is no heading of the page",  # the code block's comment is none
+        "#setup_1 above is a heading below it",
+    ]
