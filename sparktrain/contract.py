@@ -80,6 +80,13 @@ PREVIOUS_WORLD_SIZE_ENV = "SPARKTRAIN_PREVIOUS_WORLD_SIZE"
 # stacks there on STACK_SIGNAL, after one header line (see stack_header).
 STACK_FD_ENV = "_SPARKTRAIN_STACK_FD"
 STACK_SIGNAL = signal.SIGUSR1
+# Set to 1 on a rank with GPUs: on STACK_SIGNAL it also writes torch's NCCL flight recorder
+# trace (see sparktrain.worker.nccl_trace), into NCCL_TRACE_DIR_ENV when set (the rank's log
+# folder), and prints one line starting with NCCL_TRACE_NOTE that names the file or says why
+# there is none; its task waits for that line before stopping it.
+NCCL_TRACE_ENV = "_SPARKTRAIN_NCCL_TRACE"
+NCCL_TRACE_DIR_ENV = "_SPARKTRAIN_NCCL_TRACE_DIR"
+NCCL_TRACE_NOTE = "sparktrain: this rank's NCCL flight recorder trace"
 # Set (to why, e.g. "Horovod is not installed") when ``import horovod`` on the rank must give
 # sparktrain's built-in horovod.torch: the worker then puts its shim first on sys.path.
 HOROVOD_SHIM_ENV = "_SPARKTRAIN_HOROVOD_SHIM"

@@ -42,7 +42,7 @@ from sparktrain.backends.horovod_install import (
     horovod_torch_library,
     installed_horovod,
 )
-from sparktrain.backends.torch import COLLECTIVE_DEFAULTS, is_loopback, loopback_env
+from sparktrain.backends.torch import collective_defaults, is_loopback, loopback_env
 from sparktrain.config import MPI_TASK_NODES, RunConfig, conf_key
 from sparktrain.errors import ConfigurationError, SparkTrainError
 from sparktrain.layout.cluster import ClusterSpec, RankSpec
@@ -333,9 +333,7 @@ class HorovodBackend(Backend):
         if contract.HOROVOD_SHIM_ENV not in env:
             return {}
         # The built-in horovod.torch runs torch.distributed: the torch backend's defaults.
-        return {
-            names[0]: value for names, value in COLLECTIVE_DEFAULTS if env.keys().isdisjoint(names)
-        }
+        return collective_defaults(env)
 
     def teardown(self) -> None:
         server, thread = self._server, self._thread

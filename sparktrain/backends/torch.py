@@ -21,6 +21,20 @@ from sparktrain.layout.cluster import ClusterSpec, RankSpec
 COLLECTIVE_DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"), "1"),
 )
+# On a rank with GPUs: torch's NCCL flight recorder keeps each group's last 2,000 collectives
+# (torch 2.13 does by default; older versions keep none unless told), so that the trace the
+# rank writes when its stack is asked for (sparktrain.worker.nccl_trace) has something in it.
+GPU_DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), "2000"),
+)
+
+
+def collective_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed's defaults for a rank with environment ``env`` (so far): each unless
+    one of its names is set already; the GPU ones only where ``CUDA_VISIBLE_DEVICES`` names
+    devices."""
+    defaults = COLLECTIVE_DEFAULTS + (GPU_DEFAULTS if env.get("CUDA_VISIBLE_DEVICES") else ())
+    return {names[0]: value for names, value in defaults if env.keys().isdisjoint(names)}
 
 
 class TorchBackend(Backend):
@@ -46,9 +60,7 @@ class TorchBackend(Backend):
         return env
 
     def env_defaults(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {
-            names[0]: value for names, value in COLLECTIVE_DEFAULTS if env.keys().isdisjoint(names)
-        }
+        return collective_defaults(env)
 
 
 def is_loopback(address: str) -> bool:

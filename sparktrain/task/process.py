@@ -85,6 +85,9 @@ class RankProcess:
         self._on_line = on_line
         self._on_exit = on_exit
         self._stacks: StackPipe | None = None
+        # Set when the rank (one with GPUs) has answered a stack request with its NCCL trace
+        # line (see sparktrain.worker.nccl_trace): it is not stopped before writing it.
+        self._trace_note = threading.Event() if env.get(contract.NCCL_TRACE_ENV) else None
         read_end, self._lifeline = os.pipe()
         child_env = {**env, contract.PARENT_FD_ENV: str(read_end)}
         child_fds = [read_end]
@@ -138,6 +141,8 @@ class RankProcess:
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             self.tail.append(line)
+            if self._trace_note is not None and line.startswith(contract.NCCL_TRACE_NOTE):
+                self._trace_note.set()
             try:
                 self._on_line(self.rank, line)
             except Exception:  # noqa: BLE001 - logs are best-effort, never fatal
@@ -163,14 +168,20 @@ class RankProcess:
     def dump_stack(self, timeout: float = STACK_WAIT) -> Stack | None:
         """The stack of the rank's main thread now (kept in :attr:`last_stack`), or None.
 
-        Waits at most ``timeout`` seconds. None when the process cannot dump (not a worker,
-        not started far enough, or already ended) or did not in time.
+        Waits at most ``timeout`` seconds, within which a rank with GPUs also writes its NCCL
+        flight recorder trace (see :mod:`sparktrain.worker.nccl_trace`). None when the process
+        cannot dump (not a worker, not started far enough, or already ended) or did not in time.
         """
         if self._stacks is None or self.proc.poll() is not None:
             return None
+        deadline = time.monotonic() + timeout
+        if self._trace_note is not None:
+            self._trace_note.clear()
         stack = self._stacks.request(self._send_dump_signal, timeout)
         if stack is not None:
             self.last_stack = stack
+            if self._trace_note is not None:  # its trace follows its stack, from a thread
+                self._trace_note.wait(max(0.0, deadline - time.monotonic()))
         return stack
 
     def stop(self, grace: float) -> None:

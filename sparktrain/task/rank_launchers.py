@@ -149,6 +149,11 @@ def worker_env(
     env.update(config.env)
     env.update(backend.env_defaults(env))
     env.update(session.common_env(workdir))
+    if env.get("CUDA_VISIBLE_DEVICES"):
+        # Asked for its stack, a rank with GPUs writes its NCCL flight recorder trace too.
+        env[contract.NCCL_TRACE_ENV] = "1"
+        if session.files.folder is not None:
+            env[contract.NCCL_TRACE_DIR_ENV] = str(session.files.folder)
     env.update(
         {
             contract.USE_GPU_ENV: "0" if env.get("CUDA_VISIBLE_DEVICES") == "" else "1",

@@ -32,7 +32,7 @@ from sparktrain.shipping.payload import (
     kept_result_name,
     load_call,
 )
-from sparktrain.worker import bound_store, collectives, context, frameworks
+from sparktrain.worker import bound_store, collectives, context, frameworks, nccl_trace
 from sparktrain.worker.sparkfiles import expose_spark_files
 
 PR_SET_PDEATHSIG = 1
@@ -145,7 +145,10 @@ def _answer_stack_requests() -> None:
     frame = sys._getframe()
     while frame.f_back is not None:
         frame = frame.f_back
-    faulthandler.register(contract.STACK_SIGNAL, file=fd, all_threads=True)
+    # On a rank with GPUs, Python's handler runs after faulthandler's: it wakes the thread
+    # that writes the NCCL flight recorder's trace.
+    chain = nccl_trace.install()
+    faulthandler.register(contract.STACK_SIGNAL, file=fd, all_threads=True, chain=chain)
     try:
         os.write(
             fd,
