@@ -56,14 +56,12 @@ class Display:
         progress: show a progress bar (never for a submitted run).
         total_epochs: the epochs the bar counts, if known.
         checkpoint_dir: logged to MLflow at the end of a tracked run that succeeded.
-        hook: private test hook, run by each rank before the rendezvous.
         on_channel: private test hook, called with each attempt's channel once it listens.
     """
 
     progress: bool = True
     total_epochs: int | None = None
     checkpoint_dir: str | None = None
-    hook: Callable[[int], None] | None = None
     on_channel: Callable[[ChannelServer], None] | None = None
 
 
