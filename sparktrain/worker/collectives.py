@@ -24,8 +24,9 @@ function. So on such a group every collective function that takes ``async_op`` i
 and it counts as completed only once its work says so (``Work.is_completed()``: for NCCL, once
 the GPU has run it), looked at after each wait and every second while any is outstanding (see
 :mod:`sparktrain.worker.outstanding`). A rank whose collective has not finished on the GPU is
-inside it. The functions without ``async_op`` (the ``*_object`` ones) count as before. This
-NCCL path has been run here on CPUs alone (Gloo standing in for NCCL), not yet on a GPU.
+inside it. The functions without ``async_op`` (the ``*_object`` ones), and collectives issued
+while the stream is captured into a CUDA graph, count as before. This NCCL path has been run
+here on CPUs alone (Gloo standing in for NCCL), not yet on a GPU.
 """
 
 from __future__ import annotations
@@ -118,7 +119,11 @@ def counted(fn: Callable[..., Any], counters: Counters) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if place is not None and is_queued(_argument(args, kwargs, place[1], "group")):
+        if (
+            place is not None
+            and is_queued(_argument(args, kwargs, place[1], "group"))
+            and not _capturing()
+        ):
             return _issue_queued(fn, counters, place[0], args, kwargs)
         counters.enter()
         try:
@@ -182,6 +187,16 @@ def is_queued(group: Any) -> bool:
     """Whether ``group``'s blocking collectives return once queued (see QUEUED_BACKENDS)."""
     name = backend_name(group).lower()
     return any(backend in name for backend in QUEUED_BACKENDS)
+
+
+def _capturing() -> bool:
+    """Whether this thread's CUDA stream is being captured into a graph: a collective issued
+    then runs when the graph is replayed, so it is counted as it returns, as before."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return bool(cuda.is_current_stream_capturing()) if cuda is not None else False
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def _issue_queued(

@@ -183,6 +183,21 @@ def test_functions_without_async_op_count_as_before(counters: Counters) -> None:
     assert seen == [(1, 0)] and counters.counts() == (1, 1)
 
 
+@pytest.mark.usefixtures("queued")
+def test_a_collective_captured_into_a_cuda_graph_counts_as_it_returns(
+    counters: Counters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(collectives, "_capturing", lambda: True)
+    seen: list[bool] = []
+
+    def all_reduce(tensor: Any, group: Any = None, async_op: bool = False) -> None:
+        seen.append(async_op)
+
+    counted(all_reduce, counters)(torch.ones(1))
+    assert seen == [False]  # issued as asked: it runs when the graph is replayed
+    assert counters.counts() == (1, 1) and len(counters.outstanding) == 0
+
+
 def test_outstanding_works_are_looked_at_on_their_own() -> None:
     left = threading.Event()
     outstanding = Outstanding(left.set, every=0.01)
