@@ -38,7 +38,9 @@ class Session:
 def attempts(max_restarts: int) -> Attempts:
     config = RunConfig(np=4, max_restarts=max_restarts, capacity_wait=7)
     job = TaskJob(run_id="r1", attempt=0, config=config.to_json(), channel="", key=b"", payload=b"")
-    return Attempts(ClassicPlace(Session()), config, job, "train", RunRecord(), Progress(display=False), None)
+    return Attempts(
+        ClassicPlace(Session()), config, job, "train", RunRecord(), Progress(display=False), None
+    )
 
 
 def lose_a_host(self: Attempts, job: TaskJob, attempt: Any) -> list[dict[str, Any]]:
