@@ -25,6 +25,7 @@ JOBS = (
     "converter",
     "converter tasks",
     "estimator",
+    "from_dataframe",
     "predict_udf",
     "doctor cluster",
     "doctor spark",
@@ -78,4 +79,5 @@ def test_every_spark_job_runs_the_runs_python_from_an_unactivated_venv(
     assert outcomes["converter"] == "OK converter: 8 rows loaded"
     assert outcomes["converter tasks"] == "OK converter tasks: 8 rows loaded"
     assert outcomes["estimator"] == "OK estimator: fit, and 8 rows transformed"
+    assert outcomes["from_dataframe"] == "OK from_dataframe: 8 rows streamed to 2 ranks"
     assert outcomes["predict_udf"] == "OK predict_udf: 8 rows predicted"
