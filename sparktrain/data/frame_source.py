@@ -30,6 +30,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -220,14 +221,17 @@ _END = object()
 
 
 def _agreement() -> Callable[[int], int] | None:
-    """The least of a number over all ranks; None where torch.distributed is not
-    initialized (nothing then waits on a peer)."""
+    """The least of a number over all ranks, through torch.distributed where it is
+    initialized, else through an initialized Horovod (the installed one runs without
+    torch.distributed); None where neither is (nothing then waits on a peer)."""
     try:
         import torch
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is a dependency
         return None
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+    if not dist.is_available() or not dist.is_initialized():
+        return _horovod_agreement(torch)
+    if dist.get_world_size() < 2:
         return None
     # A group of its own (gloo: a CPU integer, whatever the training's backend), so the
     # loader's all-reduce never meets the training's collectives.
@@ -238,6 +242,27 @@ def _agreement() -> Callable[[int], int] | None:
         count.fill_(mine)
         dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
         return int(count.item())
+
+    return least
+
+
+def _horovod_agreement(torch: Any) -> Callable[[int], int] | None:
+    """The least of a number over an initialized Horovod's ranks, or None."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is None:
+        return None
+    try:
+        if not hvd.is_initialized() or hvd.size() < 2:
+            return None
+    except Exception:  # noqa: BLE001 - a Horovod that cannot say is not initialized
+        return None
+    calls = iter(range(1 << 62))
+
+    def least(mine: int) -> int:
+        # Each call its own name: Horovod matches collectives across ranks by name.
+        name = f"sparktrain.from_dataframe.steps.{next(calls)}"
+        value = hvd.allreduce(torch.tensor([mine], dtype=torch.int64), op=hvd.Min, name=name)
+        return int(value.item())
 
     return least
 

@@ -4,13 +4,14 @@ equal steps when they agree, and a failure on either side ends the run with its 
 
 from __future__ import annotations
 
+import importlib.util
 from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparktrain import SparkRunner
+from sparktrain import HorovodRunner, SparkRunner
 from sparktrain.data import from_dataframe
 from sparktrain.errors import ConfigurationError, WorkerFailedError
 from tests.conftest import ranks
@@ -66,6 +67,21 @@ def test_ranks_that_agree_take_the_same_steps(mode: str, spark: Any) -> None:
     assert steps[0] == steps[1] > 0
     seen = [i for r in results for i in r["epochs"][0]]
     assert len(seen) == len(set(seen))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None, reason="needs the installed Horovod"
+)
+def test_ranks_of_the_installed_horovod_agree_without_torch_distributed(spark: Any) -> None:
+    # Three pieces of 64 rows for two ranks on the driver: one rank holds two, the other one.
+    # The installed Horovod initializes no torch.distributed group: the loader agrees through
+    # Horovod's own all-reduce, or the rank with more would wait at its last one forever.
+    data = from_dataframe(_frame(spark, 192), batch_size=64, columns=["id"])
+    runner = HorovodRunner(np=-2, horovod_impl="horovod", stall_timeout=60, progress=False)
+    results = runner.run_all(frame_trainers.read_ids, data, agree="horovod")
+    assert [r["steps"].get(0, 0) for r in results] == [1, 1]
+    seen = [i for r in results for i in r["epochs"][0]]
+    assert len(seen) == len(set(seen)) == 128
 
 
 def test_a_rank_killed_while_reading_ends_the_run(mode: str, spark: Any, tmp_path: Path) -> None:
