@@ -181,7 +181,8 @@ def test_a_blocked_rank_asked_for_its_stack_writes_its_trace_before_it_is_stoppe
     assert ready.wait(30), "the process never got ready"
     stop_all([proc], grace=1.0, stack_wait=30.0)
     assert proc.join(10)
-    assert proc.last_stack is not None and proc.last_stack.frames[0].name == "wait"
+    assert proc.last_stack is not None
+    assert "blocked" in [frame.name for frame in proc.last_stack.frames]  # its stack came too
     trace = folder / "rank-0.nccl-trace.pkl"
     assert trace.read_bytes() == b"the trace"
     assert any(
