@@ -57,6 +57,8 @@ class DataFrameSource:
         window: batches each rank may hold unread in its stream (the task waits beyond).
         global_shuffle: send each row to a task by a hash seeded with ``seed`` (see
             :func:`from_dataframe`).
+        repartition: the stage deals the rows to its tasks (Spark's shuffle); False: each
+            task streams one of the DataFrame's own partitions as Spark computes it.
     """
 
     batch_size: int
@@ -69,6 +71,7 @@ class DataFrameSource:
     shuffle_buffer: int = 10_000
     window: int = 2
     global_shuffle: bool = False
+    repartition: bool = True
     dataframe: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -279,6 +282,7 @@ def from_dataframe(
     shuffle_buffer: int = 10_000,
     window: int = 2,
     global_shuffle: bool = False,
+    repartition: bool = True,
 ) -> DataFrameSource:
     """Describe how a run's ranks read ``df``, streamed from its partitions (no copy).
 
@@ -306,6 +310,15 @@ def from_dataframe(
             longer near equal, so the equal-steps rule leaves more rows unseen each epoch
             (about the square root of a share's size). With ``np < 0`` the driver reads the
             DataFrame sorted by that hash (one sort).
+        repartition: True (the default) deals the rows to the stage's tasks round-robin
+            through Spark's shuffle: near-equal shares, but the whole DataFrame is computed
+            and written to the executors' local disks before the first batch. False runs the
+            stage over the DataFrame's own partitions, one per task (no shuffle): each task
+            streams its partition as Spark computes it, so the first batch comes as soon as
+            the first rows do, but the shares are as unequal as the partitions (the
+            equal-steps rule leaves a longer share's extra rows unseen each epoch). For a
+            DataFrame read in exactly as many near-equal partitions as the stage has tasks
+            (a barrier stage cannot merge or split them); classic sessions only.
 
     Raises:
         ConfigurationError: a value out of range, a column ``df`` does not have, one of a
@@ -322,6 +335,11 @@ def from_dataframe(
             raise ConfigurationError(
                 f"from_dataframe: {name} must be an int >= {least}, not {value!r}"
             )
+    if global_shuffle and not repartition:
+        raise ConfigurationError(
+            "from_dataframe: global_shuffle=True is a repartition by a hash of each row, so it "
+            "cannot go with repartition=False: drop one of them"
+        )
     if transform is not None and not callable(transform):
         raise ConfigurationError(f"from_dataframe: transform must be callable, not {transform!r}")
     names = getattr(df, "columns", None)
@@ -356,6 +374,7 @@ def from_dataframe(
         shuffle_buffer=shuffle_buffer,
         window=window,
         global_shuffle=bool(global_shuffle),
+        repartition=bool(repartition),
         dataframe=df,
     )
 

@@ -87,9 +87,10 @@ def prepare(place: Place, config: RunConfig, conf: Any, call: Call, hook: bytes 
         hook: the pickled pre-rendezvous test hook, if any.
     """
     source = frame_source(call.args, call.kwargs)  # a DataFrame the ranks read (at most one)
-    frame = None if source is None else stage_frame(source, place, config)
     check_run(config, call.all_ranks)
     per_task = place.check(config, conf)
+    tasks = config.world_size // per_task
+    frame = None if source is None else stage_frame(source, place, config, tasks)
     modules = scope_of(config.ship_modules, config.max_module_bytes, call.script)
     payload = dump_call(call.fn, call.args, call.kwargs, config.max_payload_bytes, modules)
     place.prepare(config, per_task)

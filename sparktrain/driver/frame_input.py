@@ -49,13 +49,19 @@ class StageFrame:
         frame: the DataFrame, its columns chosen.
         shuffle_seed: with a global shuffle, the seed of the hash that sends each row to a
             task (None: rows are dealt to the tasks round-robin, in near-equal shares).
+        own_partitions: no shuffle: each task streams one of the frame's own partitions
+            (it has as many as the stage has tasks: a barrier stage cannot coalesce).
     """
 
     frame: Any
     shuffle_seed: int | None = None
+    own_partitions: bool = False
 
     def partitioned(self, n: int) -> Any:
-        """The frame in ``n`` partitions, one per task (Spark's shuffle, to local disks)."""
+        """The frame in ``n`` partitions, one per task (Spark's shuffle, to local disks; or
+        the frame's own ``n`` partitions, as Spark computes them)."""
+        if self.own_partitions:
+            return self.frame
         if self.shuffle_seed is None:
             return self.frame.repartition(n)
         return self.frame.repartition(n, self._key())
@@ -72,18 +78,20 @@ class StageFrame:
         return F.xxhash64(F.lit(self.shuffle_seed), *columns)
 
 
-def stage_frame(source: Any, place: Any, config: RunConfig) -> StageFrame:
+def stage_frame(source: Any, place: Any, config: RunConfig, tasks: int) -> StageFrame:
     """What the run's stage runs over (the DataFrame, its columns chosen), once checked.
 
     Args:
         source: the run's DataFrameSource.
         place: where the run goes (a :class:`~sparktrain.driver.places.Place`).
         config: the run's settings.
+        tasks: the stage's task count.
 
     Raises:
-        ConfigurationError: the run cannot read it: launcher='mpi', or what the place
-            refuses (a DataFrame of a session of another kind than the run's, a PySpark
-            without barrier ``mapInArrow``).
+        ConfigurationError: the run cannot read it: launcher='mpi', what the place refuses
+            (a DataFrame of a session of another kind than the run's, a PySpark without
+            barrier ``mapInArrow``), or ``repartition=False`` where the frame's partitions
+            are not one per task (or the place cannot count them).
     """
     if config.launcher == "mpi":
         raise ConfigurationError(
@@ -94,5 +102,25 @@ def stage_frame(source: Any, place: Any, config: RunConfig) -> StageFrame:
     place.check_frame(frame)
     if source.columns is not None:
         frame = frame.select(*source.columns)
+    if not source.repartition and place.session is not None:
+        _check_partitions(place.partitions(frame), tasks)
     seed = (source.seed or 0) if source.global_shuffle else None
-    return StageFrame(frame, seed)
+    return StageFrame(frame, seed, own_partitions=not source.repartition)
+
+
+def _check_partitions(found: int | None, tasks: int) -> None:
+    """Refuse a stage over a frame's own partitions that are not one per task."""
+    if found is None:
+        raise ConfigurationError(
+            "from_dataframe(repartition=False) runs the stage over the DataFrame's own "
+            "partitions, which this session cannot count before the run (a Spark Connect "
+            "client): use the default repartition=True"
+        )
+    if found != tasks:
+        raise ConfigurationError(
+            f"from_dataframe(repartition=False) runs the stage over the DataFrame's own "
+            f"partitions, one per task (a barrier stage cannot merge or split them), but it "
+            f"has {found} for {tasks} tasks: use repartition=True (the default), or read it "
+            f"in {tasks} partitions (e.g. spark.range(..., numPartitions={tasks}), files of "
+            "that count, or spark.sql.files.maxPartitionBytes)"
+        )

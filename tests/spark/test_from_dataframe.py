@@ -84,6 +84,26 @@ def test_ranks_of_the_installed_horovod_agree_without_torch_distributed(spark: A
     assert len(seen) == len(set(seen)) == 128
 
 
+def test_without_a_repartition_each_task_streams_one_of_the_frame_s_own_partitions(
+    spark: Any,
+) -> None:
+    frame = spark.range(0, 400, 1, 2)  # two partitions of 200 ids, in order
+    data = from_dataframe(frame, batch_size=32, columns=["id"], repartition=False)
+    results = SparkRunner(np=2).run_all(frame_trainers.read_ids, data)
+    shares = sorted((r["epochs"][0] for r in results), key=lambda ids: ids[0])
+    # No shuffle deals the rows: each task reads one whole partition, in the frame's order.
+    assert shares == [list(range(0, 200)), list(range(200, 400))]
+
+
+def test_a_frame_not_in_one_partition_per_task_is_refused_without_a_repartition(
+    spark: Any,
+) -> None:
+    for partitions in (1, 3):
+        data = from_dataframe(spark.range(0, 100, 1, partitions), batch_size=8, repartition=False)
+        with pytest.raises(ConfigurationError, match=f"has {partitions} for 2 tasks: use "):
+            SparkRunner(np=2).run(frame_trainers.read_ids, data)
+
+
 def test_a_rank_killed_while_reading_ends_the_run(mode: str, spark: Any, tmp_path: Path) -> None:
     data = from_dataframe(_frame(spark, 4000), batch_size=8, window=1)
     with pytest.raises(WorkerFailedError) as failed:

@@ -113,3 +113,19 @@ def test_a_place_mid_epoch_at_another_size_is_refused_unless_the_epoch_restarts(
     same = FrameLoader(stream=None, num_epochs=3, agree=None)
     same.load_state_dict(place(world_size=2, steps=5))
     assert (same.epoch, same._skip) == (1, 5)  # the same size goes on after 5 batches
+
+
+def test_a_global_shuffle_needs_the_repartition() -> None:
+    with pytest.raises(ConfigurationError, match="cannot go with repartition=False"):
+        from_dataframe(Frame(), batch_size=2, global_shuffle=True, repartition=False)
+
+
+def test_a_stage_over_the_frame_s_own_partitions_needs_a_count_of_them() -> None:
+    from sparktrain.driver.frame_input import _check_partitions
+
+    with pytest.raises(ConfigurationError, match="this session cannot count before the run"):
+        _check_partitions(None, 2)  # a Spark Connect client
+    for found in (3, 5):  # a barrier stage can neither merge nor split partitions
+        with pytest.raises(ConfigurationError, match=f"it has {found} for 4 tasks"):
+            _check_partitions(found, 4)
+    _check_partitions(4, 4)

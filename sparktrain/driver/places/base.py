@@ -54,6 +54,10 @@ class Place:
     def check_frame(self, frame: Any) -> None:
         """Refuse a DataFrame this place's stage cannot run over."""
 
+    def partitions(self, frame: Any) -> int | None:
+        """How many partitions ``frame`` has, where the place can tell before a run."""
+        return None
+
     def prepare(self, config: RunConfig, ranks_per_task: int) -> None:
         """What the place does once a run is checked and pickled, before its first attempt."""
 

@@ -27,6 +27,10 @@ class ClassicPlace(SessionPlace):
     def spark_settings(self, conf: Any) -> dict[str, str]:
         return {k: v for k, v in conf.getAll() if k.startswith("spark.sparktrain.")}
 
+    def partitions(self, frame: Any) -> int:
+        # The plan's partitions, planned on the JVM side: no job runs.
+        return int(frame._jdf.rdd().getNumPartitions())
+
     def prepare(self, config: RunConfig, ranks_per_task: int) -> None:
         from sparktrain.driver.handle import stop_spark_at_exit
         from sparktrain.driver.progress import quiet_spark_console
