@@ -29,8 +29,9 @@ def has_train_on_dataframe() -> bool:
 
 
 # Its own local-cluster (two executor JVMs), two warm-up runs, then each of the five paths
-# once on 4,000 rows and the stream and the ceiling on 16,000: 178 s on two cores at a load
-# average of 10-15 (TorchDistributor's call, with its new torchrun ranks, the longest).
+# once on 4,000 rows and the stream and the ceiling on 16,000: 54 s on two cores at a load
+# average of 1-2, 178 s at 10-15 (TorchDistributor's call, with its new torchrun ranks, the
+# longest).
 @pytest.mark.timeout(400)
 def test_quick_run_prints_every_path_and_ratio_and_leaves_nothing(tmp_path: Path) -> None:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
