@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import ipaddress
 import socket
 from collections.abc import Mapping
@@ -22,18 +23,35 @@ COLLECTIVE_DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"), "1"),
 )
 # On a rank with GPUs: torch's NCCL flight recorder keeps each group's last 2,000 collectives
-# (torch 2.13 does by default; older versions keep none unless told), so that the trace the
-# rank writes when its stack is asked for (sparktrain.worker.nccl_trace) has something in it.
-GPU_DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), "2000"),
-)
+# (older versions keep none unless told), so that the trace the rank writes when its stack is
+# asked for (sparktrain.worker.nccl_trace) has something in it. Its variable is
+# TORCH_FR_BUFFER_SIZE from torch 2.8; the older name, TORCH_NCCL_TRACE_BUFFER_SIZE, still
+# works there but makes every rank print a deprecation warning, so it is set only for older
+# versions (see flight_recorder_names).
+FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def flight_recorder_names(version: str | None = None) -> tuple[str, ...]:
+    """The flight recorder's variable names, the one to set first, for torch ``version``
+    (default: the installed one, read without importing torch)."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            return FLIGHT_RECORDER
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return FLIGHT_RECORDER
+    return FLIGHT_RECORDER if (major, minor) >= (2, 8) else FLIGHT_RECORDER[::-1]
 
 
 def collective_defaults(env: Mapping[str, str]) -> dict[str, str]:
     """torch.distributed's defaults for a rank with environment ``env`` (so far): each unless
     one of its names is set already; the GPU ones only where ``CUDA_VISIBLE_DEVICES`` names
     devices."""
-    defaults = COLLECTIVE_DEFAULTS + (GPU_DEFAULTS if env.get("CUDA_VISIBLE_DEVICES") else ())
+    gpu = ((flight_recorder_names(), "2000"),) if env.get("CUDA_VISIBLE_DEVICES") else ()
+    defaults = COLLECTIVE_DEFAULTS + gpu
     return {names[0]: value for names, value in defaults if env.keys().isdisjoint(names)}
 
 

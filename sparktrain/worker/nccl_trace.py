@@ -1,7 +1,8 @@
 """torch's NCCL flight recorder trace of this rank, written when its stack is asked for.
 
 On a rank with GPUs (its task sets :data:`sparktrain.contract.NCCL_TRACE_ENV`), torch keeps
-its NCCL flight recorder (the task sets ``TORCH_NCCL_TRACE_BUFFER_SIZE`` unless the user did):
+its NCCL flight recorder (the task sets ``TORCH_FR_BUFFER_SIZE``, before torch 2.8
+``TORCH_NCCL_TRACE_BUFFER_SIZE``, unless the user did):
 each process group's last collectives, which one, its sequence number, sizes, and whether it
 started and finished. When the supervisor asks for the rank's stack (on a hang, a silence, or
 before stopping it), this module writes that trace, where torch has it

@@ -47,7 +47,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("clean_env")
 def test_a_rank_with_gpus_keeps_the_flight_recorder_and_writes_its_trace(tmp_path: Path) -> None:
     env = _env(tmp_path, ("0",))
-    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    # torch 2.13 here: the name it reads without a deprecation warning on every rank.
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
     assert env[contract.NCCL_TRACE_ENV] == "1"
     assert contract.NCCL_TRACE_DIR_ENV not in env  # no log_dir: the private folder
     logs = _env(tmp_path, ("0",), log_dir=str(tmp_path / "logs"))
@@ -58,7 +59,8 @@ def test_a_rank_with_gpus_keeps_the_flight_recorder_and_writes_its_trace(tmp_pat
 def test_a_rank_without_gpus_is_left_as_it_was(tmp_path: Path) -> None:
     env = _env(tmp_path, ())
     assert env["CUDA_VISIBLE_DEVICES"] == ""
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env and contract.NCCL_TRACE_ENV not in env
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(env)
+    assert contract.NCCL_TRACE_ENV not in env
 
 
 @pytest.mark.usefixtures("clean_env")
@@ -68,7 +70,16 @@ def test_a_buffer_size_of_the_users_is_left_alone(tmp_path: Path) -> None:
     horovod = HorovodBackend().env_defaults(
         {contract.HOROVOD_SHIM_ENV: "builtin", "CUDA_VISIBLE_DEVICES": "1"}
     )
-    assert horovod["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"  # sparktrain's Horovod on torch
+    assert horovod["TORCH_FR_BUFFER_SIZE"] == "2000"  # sparktrain's Horovod on torch
+
+
+def test_the_flight_recorder_s_variable_is_the_one_the_torch_version_reads() -> None:
+    from sparktrain.backends.torch import flight_recorder_names
+
+    assert flight_recorder_names("2.13.0+cpu")[0] == "TORCH_FR_BUFFER_SIZE"
+    assert flight_recorder_names("2.8.1")[0] == "TORCH_FR_BUFFER_SIZE"
+    assert flight_recorder_names("2.7.1+cu126")[0] == "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    assert flight_recorder_names("not a version")[0] == "TORCH_FR_BUFFER_SIZE"
 
 
 @pytest.fixture
