@@ -33,6 +33,7 @@ import importlib.machinery
 import os
 import sys
 import sysconfig
+import threading
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.machinery import ModuleSpec
@@ -43,6 +44,10 @@ from sparktrain.errors import PayloadError
 from sparktrain.log import get_logger
 
 _log = get_logger(__name__)
+# One ast.parse at a time: in CPython before 3.12.5 (gh-106905) two threads parsing at once
+# can fail with "SystemError: AST constructor recursion depth mismatch", and runs submitted
+# together read their modules' imports in threads of their own.
+_PARSING = threading.Lock()
 
 # Top-level names that never travel: the ranks have their own (or they are no file at all).
 NEVER = frozenset(
@@ -223,7 +228,8 @@ def imports_in_source(source: bytes, name: str, package: bool) -> set[str]:
     resolved against ``name``'s package.
     """
     try:
-        tree = ast.parse(source)
+        with _PARSING:
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()  # the rank will raise the same error, on the line that has it
     found: set[str] = set()

@@ -278,3 +278,37 @@ def test_a_local_run_imports_a_helper_its_ranks_cannot_see_only_when_modules_tra
         SparkRunner(np=-1, ship_modules=False, **runner).run(train)
     assert "No module named 'lm_helper'" in str(info.value)
     assert SparkRunner(np=-1, **runner).run(train) == (42, "hi", 2)
+
+
+def test_runs_submitted_together_parse_their_modules_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CPython before 3.12.5 (gh-106905) can fail two threads' ast.parse at once with
+    # "SystemError: AST constructor recursion depth mismatch": a run submitted beside another
+    # failed so. Each parse must hold the module's lock, whatever thread it runs in.
+    import ast
+    import threading
+
+    from sparktrain.shipping import local_modules
+
+    parse, held = ast.parse, []
+
+    def watched(source: Any, *args: Any, **kwargs: Any) -> Any:
+        held.append(local_modules._PARSING.locked())
+        return parse(source, *args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", watched)
+    source = b"import os\nfrom . import sibling\n"
+    found: list[set[str]] = []
+    threads = [
+        threading.Thread(
+            target=lambda: found.append(local_modules.imports_in_source(source, "pkg.mod", False))
+        )
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert held == [True] * 4
+    assert found == [{"os", "pkg", "pkg.sibling"}] * 4
