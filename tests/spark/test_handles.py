@@ -32,7 +32,12 @@ def _active_jobs(spark: Any) -> list[int]:
 
 def _state(spark: Any, handles: list[RunHandle]) -> str:
     """What a wait that timed out found: each run's status and last lines, Spark's side."""
-    runs = "; ".join(f"{h.status()!r} after {h.logs()[-3:]}" for h in handles)
+    def status(h: RunHandle) -> str:
+        failed = h.done() and not h.cancelled() and h.exception() is not None
+        why = f" ({type(h.exception()).__name__}: {h.exception()})" if failed else ""
+        return f"{h.status()!r}{why} after {h.logs()[-3:]}"
+
+    runs = "; ".join(status(h) for h in handles)
     from sparktrain.driver import inflight
     from sparktrain.driver.capacity import busy_slots, total_slots
 
