@@ -102,13 +102,13 @@ def stage_frame(source: Any, place: Any, config: RunConfig, tasks: int) -> Stage
     place.check_frame(frame)
     if source.columns is not None:
         frame = frame.select(*source.columns)
-    if not source.repartition and place.session is not None:
-        _check_partitions(place.partitions(frame), tasks)
+    if not source.repartition:
+        place.check_own_partitions(frame, tasks)
     seed = (source.seed or 0) if source.global_shuffle else None
     return StageFrame(frame, seed, own_partitions=not source.repartition)
 
 
-def _check_partitions(found: int | None, tasks: int) -> None:
+def check_own_partitions(found: int | None, tasks: int) -> None:
     """Refuse a stage over a frame's own partitions that are not one per task."""
     if found is None:
         raise ConfigurationError(

@@ -121,11 +121,11 @@ def test_a_global_shuffle_needs_the_repartition() -> None:
 
 
 def test_a_stage_over_the_frame_s_own_partitions_needs_a_count_of_them() -> None:
-    from sparktrain.driver.frame_input import _check_partitions
+    from sparktrain.driver.frame_input import check_own_partitions
 
     with pytest.raises(ConfigurationError, match="this session cannot count before the run"):
-        _check_partitions(None, 2)  # a Spark Connect client
+        check_own_partitions(None, 2)  # a Spark Connect client
     for found in (3, 5):  # a barrier stage can neither merge nor split partitions
         with pytest.raises(ConfigurationError, match=f"it has {found} for 4 tasks"):
-            _check_partitions(found, 4)
-    _check_partitions(4, 4)
+            check_own_partitions(found, 4)
+    check_own_partitions(4, 4)

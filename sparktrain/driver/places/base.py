@@ -54,9 +54,9 @@ class Place:
     def check_frame(self, frame: Any) -> None:
         """Refuse a DataFrame this place's stage cannot run over."""
 
-    def partitions(self, frame: Any) -> int | None:
-        """How many partitions ``frame`` has, where the place can tell before a run."""
-        return None
+    def check_own_partitions(self, frame: Any, tasks: int) -> None:
+        """Refuse a stage over ``frame``'s own partitions (``repartition=False``) that cannot
+        give each of its ``tasks`` one (the driver's processes: it reads the frame itself)."""
 
     def prepare(self, config: RunConfig, ranks_per_task: int) -> None:
         """What the place does once a run is checked and pickled, before its first attempt."""

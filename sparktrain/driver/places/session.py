@@ -33,6 +33,15 @@ class SessionPlace(Place):
     def check_elastic(self, config: RunConfig) -> None:
         """Refuse an elastic run the place cannot size."""
 
+    def partitions(self, frame: Any) -> int | None:
+        """How many partitions ``frame`` has, where the place can tell before a run."""
+        return None
+
+    def check_own_partitions(self, frame: Any, tasks: int) -> None:
+        from sparktrain.driver.frame_input import check_own_partitions
+
+        check_own_partitions(self.partitions(frame), tasks)
+
     def check_frame(self, frame: Any) -> None:
         from sparktrain.driver.places import place_for
 
