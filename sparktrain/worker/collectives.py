@@ -125,12 +125,7 @@ def counted(fn: Callable[..., Any], counters: Counters) -> Callable[..., Any]:
             and not _capturing()
         ):
             return _issue_queued(fn, counters, place[0], args, kwargs)
-        counters.enter()
-        try:
-            work = fn(*args, **kwargs)
-        except BaseException:
-            counters.leave()
-            raise
+        work = _entered(fn, counters, args, kwargs)
         future = None if work is None else _future_of(work)
         if future is None:
             counters.leave()
@@ -213,12 +208,7 @@ def _issue_queued(
         args = (*args[:index], True, *args[index + 1 :])
     else:
         kwargs = {**kwargs, "async_op": True}
-    counters.enter()
-    try:
-        work = fn(*args, **kwargs)
-    except BaseException:
-        counters.leave()
-        raise
+    work = _entered(fn, counters, args, kwargs)
     if work is None:  # this rank is not in the group: nothing was issued
         counters.leave()
         return None
@@ -232,6 +222,18 @@ def _issue_queued(
         raise
     counters.outstanding.settle()  # done already where the wait waited for it (Gloo, barrier)
     return None
+
+
+def _entered(
+    fn: Callable[..., Any], counters: Counters, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``fn(*args, **kwargs)`` counted as entered; one that raises counts as left too."""
+    counters.enter()
+    try:
+        return fn(*args, **kwargs)
+    except BaseException:
+        counters.leave()
+        raise
 
 
 def _future_of(work: Any) -> Any:

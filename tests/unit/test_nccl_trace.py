@@ -6,12 +6,10 @@ be NCCL's; where it is not, nothing is written."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import tempfile
 import textwrap
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -156,16 +154,6 @@ BLOCKED = """
     bootstrap._answer_stack_requests()
     blocked()
 """
-
-
-@pytest.fixture
-def started() -> Iterator[list[RankProcess]]:
-    procs: list[RankProcess] = []
-    yield procs
-    for proc in procs:
-        if proc.proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.join(5)
 
 
 def test_a_blocked_rank_asked_for_its_stack_writes_its_trace_before_it_is_stopped(

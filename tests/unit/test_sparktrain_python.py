@@ -52,24 +52,28 @@ def unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
 
 
-@pytest.fixture
-def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The interpreters probed (each probe finds a Python that cannot import pyarrow's users)."""
+def probing(monkeypatch: pytest.MonkeyPatch, **report: Any) -> list[str]:
+    """The interpreters probed; each probe finds a Python on worker-1 as ``report`` says."""
     seen: list[str] = []
 
     def probe(sc: Any, python: str, timeout: float) -> ProbeReport:
         seen.append(python)
         return ProbeReport(
-            python=python,
-            found="/usr/bin/python3",
-            host="worker-1",
-            version="3.11.2",
-            modules={"torch": "2.13.0"},
-            errors={"sparktrain": "ModuleNotFoundError: No module named 'sparktrain'"},
+            python=python, found="/usr/bin/python3", host="worker-1", version="3.11.2", **report
         )
 
     monkeypatch.setattr(python_probe, "probe", probe)
     return seen
+
+
+@pytest.fixture
+def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The interpreters probed (each probe finds a Python that cannot import pyarrow's users)."""
+    return probing(
+        monkeypatch,
+        modules={"torch": "2.13.0"},
+        errors={"sparktrain": "ModuleNotFoundError: No module named 'sparktrain'"},
+    )
 
 
 NO_PYARROW = "ModuleNotFoundError: No module named 'pyarrow'"
@@ -80,22 +84,12 @@ CLUSTER_DEFAULT = "PySpark's default (PYSPARK_PYTHON unset: python3 from the exe
 def no_pyarrow(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The interpreters probed (each probe finds a Python with sparktrain and torch that
     cannot import pyarrow: enough for a run, not for a job over Arrow batches)."""
-    seen: list[str] = []
-
-    def probe(sc: Any, python: str, timeout: float) -> ProbeReport:
-        seen.append(python)
-        return ProbeReport(
-            python=python,
-            found="/usr/bin/python3",
-            host="worker-1",
-            version="3.11.2",
-            modules={"sparktrain": "0.9.0", "torch": "2.13.0"},
-            errors={},
-            data_errors={"pyarrow": NO_PYARROW},
-        )
-
-    monkeypatch.setattr(python_probe, "probe", probe)
-    return seen
+    return probing(
+        monkeypatch,
+        modules={"sparktrain": "0.9.0", "torch": "2.13.0"},
+        errors={},
+        data_errors={"pyarrow": NO_PYARROW},
+    )
 
 
 def _refusal_without_pyarrow() -> str:

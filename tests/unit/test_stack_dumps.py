@@ -4,11 +4,10 @@ one that cannot answer is never sent the signal (it would end it)."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,16 +46,6 @@ class Lines:
 
     def on_exit(self, rank: int, code: int) -> None:
         self.exits.append(code)
-
-
-@pytest.fixture
-def started() -> Iterator[list[RankProcess]]:
-    procs: list[RankProcess] = []
-    yield procs
-    for proc in procs:
-        if proc.proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.join(5)
 
 
 def spawn(started: list[RankProcess], tmp_path: Path, code: str, rank: int = 0) -> RankProcess:

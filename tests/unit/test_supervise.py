@@ -14,7 +14,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -53,17 +52,6 @@ class Watch:
             )
         assert found, f"no line starting with {prefix!r} in {self.lines}"
         return next(line for _, line in self.lines if line.startswith(prefix))
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[RankProcess]]:
-    """RankProcesses a test starts; any still alive at the end are killed by process group."""
-    procs: list[RankProcess] = []
-    yield procs
-    for proc in procs:
-        if proc.proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.join(5)
 
 
 def spawn(
