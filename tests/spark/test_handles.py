@@ -32,6 +32,7 @@ def _active_jobs(spark: Any) -> list[int]:
 
 def _state(spark: Any, handles: list[RunHandle]) -> str:
     """What a wait that timed out found: each run's status and last lines, Spark's side."""
+
     def status(h: RunHandle) -> str:
         failed = h.done() and not h.cancelled() and h.exception() is not None
         why = f" ({type(h.exception()).__name__}: {h.exception()})" if failed else ""
