@@ -132,13 +132,26 @@ def execute(run: Prepared, record: RunRecord, display: Display, handle: RunHandl
         display=display.progress and handle is None,
     )
     tracker = MlflowTracker.maybe_create()
+    submitted: dict[str, Any] = {}
+    if handle is not None:  # its output, stop and place in line go through the handle
+        submitted = {
+            "out": handle.output,
+            "stop": handle.stop,
+            "ticket": handle.ticket,
+            "on_wait": handle._set_waiting,
+        }
     attempts = Attempts(
-        run.place, run.config, run.job, run.name, record, progress, tracker, display.on_channel
+        run.place,
+        run.config,
+        run.job,
+        run.name,
+        record,
+        progress,
+        tracker,
+        display.on_channel,
+        frame=run.frame,
+        **submitted,
     )
-    attempts.frame = run.frame
-    if handle is not None:
-        attempts.out, attempts.stop = handle.output, handle.stop
-        attempts.ticket, attempts.on_wait = handle.ticket, handle._set_waiting
     try:
         with plain_ctrl_c():
             return attempts.run()
