@@ -3,12 +3,16 @@
 A tier is the folder under ``tests/`` (unit, spark, connect, cluster, gpu); its time is the sum
 of its tests' setup, call and teardown, so a shared session's start counts in the tier of the
 first test that needed it. The slowest tests of each tier follow, for what to make cheaper.
+With ``SPARKTRAIN_TEST_TIMES=FILE`` every test's time is also added to FILE (a ``#`` line for
+the run, then seconds, a tab and the test's id, slowest first), for a whole-suite account.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,9 +62,14 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's
     counts = {tier: len(ids) for tier, ids in _counted.items()}
     for line in format_table(dict(_spent), counts, wall):
         write(line)
+    slow = sorted(_tests.items(), key=lambda kv: -kv[1])
+    record = os.environ.get("SPARKTRAIN_TEST_TIMES")
+    if record and "PYTEST_XDIST_WORKER" not in os.environ:
+        with Path(record).open("a", encoding="utf-8") as out:
+            out.write(f"# {len(slow)} tests, {wall:.0f} s wall\n")
+            out.writelines(f"{seconds:.2f}\t{nodeid}\n" for nodeid, seconds in slow)
     if wall < 60:
         return  # a run of a few tests: the table is enough
-    slow = sorted(_tests.items(), key=lambda kv: -kv[1])[:15]
     write("slowest tests (setup + call + teardown):")
-    for nodeid, seconds in slow:
+    for nodeid, seconds in slow[:15]:
         write(f"  {seconds:7.1f}s  {nodeid}")
