@@ -1,20 +1,17 @@
-"""The stream benchmark (benchmarks/bench_stream.py) runs at a tiny size on a Spark session of its
-own, so it cannot rot: every path's rows (TorchDistributor's where the installed pyspark has its
-``_train_on_dataframe``), every ratio, the converter's copy in the cache folder and none from
-the others, the peak RSS at two sizes, and its temporary folder removed."""
+"""The stream benchmark (benchmarks/bench_stream.py) runs at a tiny size on the tier's shared
+session, so it cannot rot: every path's rows (TorchDistributor's where the installed pyspark has
+its ``_train_on_dataframe``), every ratio, the converter's copy in the cache folder and none
+from the others, the peak RSS at two sizes, and its temporary folder removed."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "bench_stream.py"
+from tests import helpers
+
 DISTRIBUTOR = "TorchDistributor._train_on_dataframe"
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -28,33 +25,36 @@ def has_train_on_dataframe() -> bool:
     return hasattr(TorchDistributor, "_train_on_dataframe")
 
 
-# Its own local-cluster (two executor JVMs), two warm-up runs, then each of the five paths
-# once on 4,000 rows and the stream and the ceiling on 16,000: 54 s on two cores at a load
-# average of 1-2, 178 s at 10-15 (TorchDistributor's call, with its new torchrun ranks, the
-# longest).
+# On the shared local-cluster session (two executor JVMs; its start is the tier's, not this
+# test's): two warm-up runs, then each of the six paths once on 4,000 rows and the stream and
+# the ceiling on 16,000. TorchDistributor's call, with its new torchrun ranks, is the longest.
 @pytest.mark.timeout(400)
-def test_quick_run_prints_every_path_and_ratio_and_leaves_nothing(tmp_path: Path) -> None:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Java 17+ is needed for Spark")
+def test_quick_run_prints_every_path_and_ratio_and_leaves_nothing(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--dir", str(work)],
-        cwd=ROOT, capture_output=True, text=True, timeout=390,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
+    bench = helpers.bench_module("bench_stream")
+    try:
+        bench.main(["--quick", "--dir", str(work)], spark=spark)
+    except SystemExit as stopped:  # a path that read other rows than its ratio compares
+        captured = capsys.readouterr()
+        pytest.fail(f"exit {stopped.code}: {captured.out[-3000:]}{captured.err[-3000:]}")
+    captured = capsys.readouterr()
+    out = captured.out
+    assert not spark.sparkContext._jsc.sc().isStopped()  # a session it was given stays up
     rows = {line.split(" | ")[1]: line.split(" | ") for line in out.splitlines()
             if line.startswith("| 1 | ")}  # fmt: skip
+    own = "stream, own partitions"
     unagreed, memory = "stream, no step agreement", "in memory (ceiling)"
-    assert set(rows) == {"stream", unagreed, "converter", DISTRIBUTOR, memory}, out
+    assert set(rows) == {"stream", own, unagreed, "converter", DISTRIBUTOR, memory}, out
     # | round | path | forked | first | epoch 1 | epoch 2 | whole | cache | spill | peak | rows |
     assert rows["converter"][-1] == "4,000, 4,000 |"  # every row, each epoch
     assert rows["stream"][-1] == "4,000, 4,000 |"  # 2 even partitions of 2,000: none left out
+    assert rows[own][-1] == "4,000, 4,000 |"  # spark.range's 2 partitions of 2,000
     assert rows[unagreed][-1] == "4,000, 4,000 |"
     assert rows[memory][-1] == "4,000, 4,000 |"
-    for stream in ("stream", unagreed):
+    for stream in ("stream", own, unagreed):
         assert float(rows[stream][7]) == 0.0  # nothing in the cache folder
         assert float(rows[stream][8]) > 0.0  # the first epoch spilled on the ranks' disks
     assert float(rows["converter"][7]) > 0.0  # its Parquet copy
@@ -72,14 +72,15 @@ def test_quick_run_prints_every_path_and_ratio_and_leaves_nothing(tmp_path: Path
                     "(d) peak RSS per rank above start, MiB (max)"):  # fmt: skip
         assert f"\n| {measure} | " in out, out
     heads = next(line for line in out.splitlines() if line.startswith("| measure | "))
-    for quotient in ("stream / converter", "stream / TorchDistributor", "stream / in memory"):
+    for quotient in ("stream / converter", "stream / TorchDistributor", "stream / in memory",
+                     "own partitions / converter", "own partitions / TorchDistributor"):  # fmt: skip
         assert f" {quotient} |" in heads, heads
-    # stream, no agreement, converter, distributor, in memory: only the converter writes there
-    assert "\n| (c) MiB written to the cache folder | 0.00 | 0.00 | " in out
+    # stream, own partitions, no agreement, converter, ...: only the converter writes there
+    assert "\n| (c) MiB written to the cache folder | 0.00 | 0.00 | 0.00 | " in out
     assert "(4,000 and 16,000 rows)" in out
     sizes = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines()
              if line.startswith(("| stream | ", f"| {memory} | "))}  # fmt: skip
     assert set(sizes) == {"stream", memory}, out
     assert float(sizes["stream"][4].rstrip(" |")) > 0.0  # it spilled at the larger size too
-    assert "REFUSED" not in proc.stderr
+    assert "REFUSED" not in captured.err
     assert list(work.iterdir()) == []  # its temporary folder is gone

@@ -1,4 +1,4 @@
-"""The stream benchmark's own logic (benchmarks/bench_stream.py), without Spark: what a rank
+"""The stream benchmark's own logic (benchmarks/bench_stream*.py), without Spark: what a rank
 counts, how the ranks' results become a row, the row checks that stop it before a ratio, and
 the ratio table. Its quick run on a Spark session is tests/spark/test_bench_stream.py."""
 
@@ -14,11 +14,17 @@ from tests import helpers
 
 
 def bench_module() -> Any:
-    return helpers.bench_module("bench_stream")
+    """Its measures, row checks and tables."""
+    return helpers.bench_module("bench_stream_report")
+
+
+def ranks_module() -> Any:
+    """What its ranks run."""
+    return helpers.bench_module("bench_stream_ranks")
 
 
 def test_a_rank_counts_each_epochs_rows_and_times_every_epoch() -> None:
-    bench = bench_module()
+    bench = ranks_module()
     epochs = [0, 0, 0, 1, 1, 1]  # the epoch each batch belongs to
     batches = [{"features": torch.ones(n, 4)} for n in (64, 64, 8, 64, 64, 8)]
     seen: list[int] = []
@@ -61,6 +67,8 @@ def test_the_ranks_results_make_one_row() -> None:
         ("stream", [1000, 900], "stream: rows per epoch [1000, 900]"),
         ("stream", [400, 400], "stream: rows per epoch [400, 400]"),  # more than the rule drops
         ("stream", [1000], "stream: read 1 epochs, not 2"),
+        ("own", [1000, 1001], "own: rows per epoch [1000, 1001]"),
+        ("own", [1000, 900], "own: rows per epoch [1000, 900]"),
         ("unagreed", [1000, 999], "unagreed: rows per epoch [1000, 999], not 1000"),
         ("memory", [1000, 998], "memory: rows per epoch [1000, 998], not 1000"),
         ("distributor", [1000, 1002], "distributor: rows per epoch [1000, 1002]"),
@@ -108,6 +116,7 @@ def test_the_ratio_table_divides_the_stream_by_each_other_path(
     rounds = [
         {
             "stream": row(2.0, [4.0, 1.0], 0, 50 * mib, spill=3 * mib),
+            "own": row(2.0, [4.0, 1.0], 0, 45 * mib, spill=3 * mib),
             "unagreed": row(2.0, [4.0, 0.5], 0, 40 * mib),
             "converter": converter,
             "distributor": row(20.0, [8.0, 8.0], 0, 25 * mib, spill=2 * mib),
@@ -115,6 +124,7 @@ def test_the_ratio_table_divides_the_stream_by_each_other_path(
         },
         {
             "stream": row(4.0, [6.0, 1.0], 0, 50 * mib, spill=3 * mib),
+            "own": row(2.0, [4.0, 1.0], 0, 45 * mib, spill=3 * mib),
             "unagreed": row(4.0, [6.0, 0.5], 0, 40 * mib),
             "converter": converter,
             "distributor": row(20.0, [8.0, 8.0], 0, 25 * mib, spill=2 * mib),
@@ -123,31 +133,39 @@ def test_the_ratio_table_divides_the_stream_by_each_other_path(
     ]
     bench.report(rounds, 2, {})
     out = capsys.readouterr().out
-    # | stream | no agreement | converter | distributor | in memory |
-    #   then stream / converter, / distributor, / in memory; no agreement / converter
+    # | stream | own partitions | no agreement | converter | distributor | in memory |
+    #   then stream / converter, / distributor, / in memory; own partitions / converter,
+    #   / distributor; no agreement / converter
     assert cells(out, "(a) run() to the first batch on rank 0 (s)") == [
-        "3.00", "3.00", "8.00", "20.00", "1.00", "0.38", "0.15", "3.00", "0.38",
+        "3.00", "2.00", "3.00", "8.00", "20.00", "1.00",
+        "0.38", "0.15", "3.00", "0.25", "0.10", "0.38",
     ]  # fmt: skip
     assert cells(out, "(b) epoch 1 (s)") == [
-        "5.00", "5.00", "2.00", "8.00", "0.50", "2.50", "0.62", "10.00", "2.50",
+        "5.00", "4.00", "5.00", "2.00", "8.00", "0.50",
+        "2.50", "0.62", "10.00", "2.00", "0.50", "2.50",
     ]  # fmt: skip
     assert cells(out, "(b) epoch 2, rows/s") == [  # 1,000 rows over the slowest rank's time
-        "1,000", "2,000", "500", "125", "2,000", "2.00", "8.00", "0.50", "4.00",
+        "1,000", "1,000", "2,000", "500", "125", "2,000",
+        "2.00", "8.00", "0.50", "2.00", "8.00", "4.00",
     ]  # fmt: skip
     # the median of the rounds' rates (250 and 167 for the stream), not the rate of a median
     assert cells(out, "(b) epoch 1, rows/s") == [
-        "208", "208", "500", "125", "2,000", "0.42", "1.67", "0.10", "0.42",
+        "208", "250", "208", "500", "125", "2,000",
+        "0.42", "1.67", "0.10", "0.50", "2.00", "0.42",
     ]  # fmt: skip
-    assert cells(out, "whole path (s)")[:3] == ["9.00", "8.50", "12.00"]
+    assert cells(out, "whole path (s)")[:4] == ["9.00", "7.00", "8.50", "12.00"]
     assert cells(out, "(c) MiB written to the cache folder") == [
-        "0.00", "0.00", "1.00", "0.00", "0.00", "0.00", "—", "—", "0.00",
+        "0.00", "0.00", "0.00", "1.00", "0.00", "0.00", "0.00", "—", "—", "0.00", "—", "0.00",
     ]  # fmt: skip
-    assert cells(out, "MiB spilled locally (all ranks)")[:4] == ["3.00", "0.00", "0.00", "2.00"]
+    assert cells(out, "MiB spilled locally (all ranks)")[:5] == [
+        "3.00", "3.00", "0.00", "0.00", "2.00",
+    ]  # fmt: skip
     assert cells(out, "(d) peak RSS per rank above start, MiB (max)") == [
-        "50", "40", "n/a", "25", "100", "n/a", "2.00", "0.50", "n/a",
+        "50", "45", "40", "n/a", "25", "100", "n/a", "2.00", "0.50", "n/a", "1.80", "n/a",
     ]  # fmt: skip
     assert out.count("\n| 2 | converter | no | 8.00 | 2.00 | 2.00 | 12.00 |") == 1
     assert out.count("\n| 1 | stream, no step agreement | no | 2.00 | 4.00 | 0.50 | ") == 1
+    assert out.count("\n| 2 | stream, own partitions | no | 2.00 | 4.00 | 1.00 | ") == 1
     assert out.count("\n| 1 | TorchDistributor._train_on_dataframe | no | 20.00 | 8.00 |") == 1
 
 
@@ -157,6 +175,7 @@ def test_a_path_the_installed_pyspark_lacks_is_said_and_its_ratios_are_na(
     bench = bench_module()
     measured = {
         "stream": row(2.0, [4.0, 1.0], 0, 50),
+        "own": row(1.0, [4.0, 1.0], 0, 50),
         "unagreed": row(2.0, [4.0, 0.5], 0, 40),
         "converter": row(8.0, [2.0, 2.0], 10, 60),
         "memory": row(1.0, [0.5, 0.5], 0, 100),
@@ -168,8 +187,9 @@ def test_a_path_the_installed_pyspark_lacks_is_said_and_its_ratios_are_na(
         in out
     )
     first = cells(out, "(a) run() to the first batch on rank 0 (s)")
-    assert first[3] == "n/a" and first[6] == "n/a"  # its cell and stream / TorchDistributor
-    assert first[5] == "0.25" and first[7] == "2.00"  # the others still divide
+    # its cell, stream / TorchDistributor and own partitions / TorchDistributor
+    assert first[4] == "n/a" and first[7] == "n/a" and first[10] == "n/a"
+    assert first[6] == "0.25" and first[8] == "2.00" and first[9] == "0.12"  # the others divide
 
 
 def test_the_sizes_table_sets_each_paths_peak_rss_at_two_sizes(
@@ -194,7 +214,7 @@ def test_the_ceiling_reads_its_share_in_batches_of_the_size_asked(
     """The ceiling's rank function, in a one-rank gloo group: its share, every epoch."""
     import torch.distributed as dist
 
-    bench = bench_module()
+    bench = ranks_module()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
