@@ -44,7 +44,10 @@ export PYSPARK_PYTHON="$PY"
 # Every part runs even when one before it failed; the exit status says whether any did.
 status=0
 say "the unit tier"
-"$PY" -m pytest -q -rs -p no:cacheprovider -m "not horovod" tests/unit "$@" || status=1
+# Its modules spread over TEST_WORKERS processes (default 2): the suite's own scheduling keeps the
+# tier on one worker beside the spark tier's modules, but here it runs alone.
+"$PY" -m pytest -q -rs -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
+    -m "not horovod" tests/unit "$@" || status=1
 say "a Spark smoke run"
 "$PY" -m pytest -q -rs -p no:cacheprovider -m "not horovod" tests/spark/test_python_probe.py \
     tests/spark/test_runner.py \
