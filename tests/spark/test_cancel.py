@@ -51,10 +51,11 @@ def _rendezvous(tmp: Path) -> None:
     # load: with one task let through, a busy machine can make it late too (both missing),
     # which is right, but not this phase's question. Naming exactly the late task is
     # test_runner.py's test_rank_that_never_reaches_rendezvous.
+    # Neither task can arrive, so the shortest start_timeout stops the run in this phase too.
     def hang(index: int) -> None:  # nested: pickled by value, as executors need
         time.sleep(3600)
 
-    runner = SparkRunner(np=2, start_timeout=4, grace_period=1)
+    runner = SparkRunner(np=2, start_timeout=1, grace_period=1)
     runner._pre_rendezvous_hook = hang
     with pytest.raises(RendezvousTimeoutError) as info:
         runner.run(trainers.noop)
@@ -77,7 +78,7 @@ def _finished(tmp: Path) -> None:
     assert SparkRunner(np=2).run(trainers.noop) == 0
 
 
-# Twenty stops of 4-15 s each (a start_timeout of 4 s or a timeout of 2 s, a grace period of
+# Twenty stops of 2-15 s each (a start_timeout of 1 s or a timeout of 2 s, a grace period of
 # 1 s, the cancel's confirmation, the slots' release) after a first, cold run: 18 rounds took
 # 126 s beside two other suites, and the first run over a minute.
 @pytest.mark.timeout(600, func_only=True)
