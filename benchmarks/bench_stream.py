@@ -57,7 +57,8 @@ over its own partitions, which ``spark.range`` makes equal), TorchDistributor
 otherwise the benchmark stops with exit status 1. Two warm-up runs first start the executors'
 Python workers of both kinds of stage (over tasks, and over a DataFrame: ``mapInArrow``'s
 workers are others), so every path is measured warm (TorchDistributor's ranks are new torchrun
-processes on every call); each row says whether rank 0 was forked from a zygote. With
+processes on every call); each row says whether rank 0 was forked from a zygote
+(``--no-warm-up`` leaves them out: the first path of each kind then starts those workers). With
 ``--rounds`` above 1 the paths take turns at going first and the ratios are medians over the
 rounds. Times are printed, never asserted. Files go to a private temporary folder under
 ``--dir`` (default: the system's), removed at the end. Progress lines print when each step
@@ -69,7 +70,7 @@ tables). ``main(argv, spark=session)`` measures on a session it is given, and le
 
     .venv/bin/python benchmarks/bench_stream.py                       # 200k rows x 64, np=2
     .venv/bin/python benchmarks/bench_stream.py --rows 1000000 --rounds 3
-    .venv/bin/python benchmarks/bench_stream.py --quick               # 4,000 rows x 8
+    .venv/bin/python benchmarks/bench_stream.py --quick   # 4,000 rows x 8, no warm-up runs
 """
 
 from __future__ import annotations
@@ -109,11 +110,18 @@ def main(argv: list[str] | None = None, spark: Any = None) -> None:
     )  # fmt: skip
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--dir", default=None, help="where the private temporary folder goes")
-    parser.add_argument("--quick", action="store_true", help="4,000 rows x 8, batch 64, 1 round")
+    parser.add_argument(
+        "--warm-up", action=argparse.BooleanOptionalAction, default=True,
+        help="the two warm-up runs first, so that every path is measured warm",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="4,000 rows x 8, batch 64, 1 round, no warm-up runs: a check that it runs",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.features, args.batch_size, args.partitions = 4000, 8, 64, 4
-        args.rounds = 1
+        args.rounds, args.warm_up = 1, False
     require(args.rows > 0 and args.features > 0 and args.batch_size > 0, "sizes must be > 0")
     require(args.epochs >= 1 and args.rounds >= 1 and args.np != 0, "--epochs, --rounds, --np")
     require(args.larger == 0 or args.larger >= 2, "--larger: 0, or 2 and more")
@@ -149,8 +157,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> None:
             "repartitioned": frame(spark, args.rows, args.features, args.partitions),
             "own": frame(spark, args.rows, args.features, abs(args.np)),
         }
-        progress("warm-up runs")
-        warm_both(spark, args.np)
+        if args.warm_up:
+            warm_both(spark, args.np, progress)
         for number in range(args.rounds):
             order = paths if number % 2 == 0 else paths[::-1]
             measures: dict[str, dict] = {}

@@ -68,10 +68,13 @@ def frame(spark: Any, rows: int, features: int, partitions: int) -> Any:
     )
 
 
-def warm_both(spark: Any, np: int) -> None:
+def warm_both(spark: Any, np: int, progress: Any) -> None:
     """Warm-up runs of both kinds of stage: a stage over tasks (the converter's runs), and one
-    over a DataFrame (``mapInArrow``, whose Python workers are others)."""
+    over a DataFrame (``mapInArrow``, whose Python workers are others); ``progress(what)``
+    before each."""
+    progress("warm-up run: a stage over tasks")
     SparkRunner(np=np, timeout=3600).run(ranks_code.warm_up)
+    progress("warm-up run: a stage over a DataFrame")
     tiny = spark.range(64).selectExpr("id AS label")
     data = from_dataframe(tiny, batch_size=8)
     SparkRunner(np=np, timeout=3600).run(ranks_code.warm_up, data=data)

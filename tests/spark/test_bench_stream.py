@@ -26,8 +26,9 @@ def has_train_on_dataframe() -> bool:
 
 
 # On the shared local-cluster session (two executor JVMs; its start is the tier's, not this
-# test's): two warm-up runs, then each of the six paths once on 4,000 rows and the stream and
-# the ceiling on 16,000. TorchDistributor's call, with its new torchrun ranks, is the longest.
+# test's), no warm-up runs (the first path of each kind of stage starts its workers): each of
+# the six paths once on 4,000 rows, then the stream and the ceiling on 16,000. TorchDistributor's
+# call, with its new torchrun ranks, is the longest.
 @pytest.mark.timeout(400)
 def test_quick_run_prints_every_path_and_ratio_and_leaves_nothing(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
