@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparktrain.data.converter import CACHE_DIR_CONF, default_cache_dir, make_spark_converter
 from sparktrain.data.dataset import SparkDatasetConverter
-from sparktrain.data.frame_source import DataFrameSource, FrameLoader, from_dataframe
+from sparktrain.data.frame_loader import FrameLoader
+from sparktrain.data.frame_source import DataFrameSource, from_dataframe
 
 if TYPE_CHECKING:  # for type checkers and the API reference; imported on first use below
     from sparktrain.data.sampler import ResumableDistributedSampler

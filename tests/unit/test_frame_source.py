@@ -91,7 +91,7 @@ def place(world_size: int, steps: int) -> dict[str, Any]:
 def test_a_place_mid_epoch_at_another_size_is_refused_unless_the_epoch_restarts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sparktrain.data.frame_source import FrameLoader
+    from sparktrain.data.frame_loader import FrameLoader
 
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = FrameLoader(stream=None, num_epochs=3, agree=None)
@@ -113,6 +113,87 @@ def test_a_place_mid_epoch_at_another_size_is_refused_unless_the_epoch_restarts(
     same = FrameLoader(stream=None, num_epochs=3, agree=None)
     same.load_state_dict(place(world_size=2, steps=5))
     assert (same.epoch, same._skip) == (1, 5)  # the same size goes on after 5 batches
+
+
+class CountedStream:
+    """A stand-in for a rank's stream: ``per_epoch`` batches (numbered) an epoch, its count
+    known before the epoch from the second epoch on, as its spill makes it."""
+
+    def __init__(self, per_epoch: int) -> None:
+        self.per_epoch = per_epoch
+        self.epoch = 0
+
+    def batches_ahead(self) -> int | None:
+        return None if self.epoch == 0 else self.per_epoch
+
+    def __iter__(self) -> Any:
+        return iter(range(self.per_epoch))
+
+
+class Peer:
+    """The other rank of two in the agreement (each call gives the MIN of both): it has
+    ``per_epoch`` batches an epoch and, like this rank, knows that count from the second."""
+
+    def __init__(self, stream: CountedStream, per_epoch: int) -> None:
+        self.stream = stream
+        self.per_epoch = per_epoch
+        self.left = 0
+        self.calls: list[int] = []
+
+    def agree(self, mine: int) -> int:
+        self.calls.append(mine)
+        if self.stream.epoch > 0:  # both know their counts: the one agreement of the epoch
+            return min(mine, self.per_epoch)
+        if mine < 0:  # the first epoch's start: neither knows
+            self.left = self.per_epoch
+            return -1
+        granted = min(mine, self.left)  # read ahead: as many as both have
+        self.left -= granted
+        return granted
+
+
+def test_from_the_second_epoch_the_ranks_agree_once_on_the_counts_their_spills_give() -> None:
+    from sparktrain.data.frame_loader import LOOKAHEAD, FrameLoader
+
+    stream = CountedStream(20)
+    peer = Peer(stream, 7)
+    loader = FrameLoader(stream, num_epochs=3, agree=peer.agree)
+    assert list(loader.next_epoch()) == list(range(7))  # the shorter share's count
+    # Not known yet (-1), then once per LOOKAHEAD batches read ahead, until the peer has none.
+    assert peer.calls == [-1, LOOKAHEAD, 20 - 7]
+    for epoch in (1, 2):
+        peer.calls.clear()
+        assert list(loader.next_epoch()) == list(range(7))
+        assert peer.calls == [20]  # one agreement, at the epoch's start: this rank's count
+        assert (loader.epoch, loader.steps) == (epoch, 7)
+    assert list(loader.next_epoch()) == []
+
+    again = CountedStream(20)
+    resumed = FrameLoader(again, num_epochs=3, agree=Peer(again, 7).agree)
+    resumed.load_state_dict(place(world_size=1, steps=3))
+    assert list(resumed.next_epoch()) == [3, 4, 5, 6]  # epoch 1's batches after the third
+    assert resumed.state_dict()["steps"] == 7
+
+
+def test_a_rank_that_cannot_count_ahead_keeps_every_rank_reading_ahead() -> None:
+    from sparktrain.data.frame_loader import FrameLoader
+
+    class Unknown(CountedStream):
+        def batches_ahead(self) -> int | None:
+            return None
+
+    stream = Unknown(5)
+    calls: list[int] = []
+
+    def agree(mine: int) -> int:  # a peer that knows its count (9) where this rank does not
+        calls.append(mine)
+        return min(mine, 9)
+
+    loader = FrameLoader(stream, num_epochs=2, agree=agree)
+    list(loader.next_epoch())
+    calls.clear()
+    assert list(loader.next_epoch()) == list(range(5))
+    assert calls == [-1, 5, 0]  # the MIN says one rank cannot count: all read ahead
 
 
 def test_a_global_shuffle_needs_the_repartition() -> None:

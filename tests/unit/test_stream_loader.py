@@ -155,6 +155,39 @@ def test_an_epoch_left_early_still_spills_the_whole_stream(tmp_path: Path) -> No
     assert not left
 
 
+def counting_rank(address: str, out: Any, spill_dir: str, drop_last: bool) -> None:
+    """A rank that leaves its first epoch after one batch, then asks how many batches the
+    second gives before reading it."""
+    try:
+        with RankStream(address, 0, 4, key=KEY, drop_last=drop_last, local_dir=spill_dir) as loader:
+            before = loader.batches_ahead()
+            for _ in loader:
+                break
+            ahead = loader.batches_ahead()
+            read = len(list(loader))
+        out.put(("ok", before, ahead, read))
+    except Exception as exc:  # reported to the test, which shows it
+        out.put(("error", repr(exc), None, None))
+
+
+@pytest.mark.parametrize(("drop_last", "batches"), [(False, 6), (True, 5)])
+def test_from_the_second_epoch_a_rank_knows_its_batches_before_reading_them(
+    tmp_path: Path, drop_last: bool, batches: int
+) -> None:
+    out = CTX.Queue()
+    with Feeder(1, KEY, parent=tmp_path) as feeder:
+        rank = CTX.Process(
+            target=counting_rank, args=(feeder.address, out, str(tmp_path), drop_last)
+        )
+        rank.start()
+        feeder.feed(iter(id_batches([6, 2, 9, 5])))  # 22 rows: 5 batches of 4 and 2 left
+        result = out.get(timeout=60)
+    rank.join(60)
+    assert result[0] == "ok", result[1]
+    # Unknown while the first epoch streams; then the spill's rows, read to their end first.
+    assert result[1:] == (None, batches, batches)
+
+
 def test_a_second_epoch_without_a_spill_says_how(tmp_path: Path) -> None:
     with Feeder(1, KEY, parent=tmp_path) as feeder:
         ctx_out = CTX.Queue()

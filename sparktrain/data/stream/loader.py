@@ -150,6 +150,17 @@ class RankStream:
             batch = rows.to_tensors(table, kinds)
             yield self.transform(batch) if self.transform is not None else batch
 
+    def batches_ahead(self) -> int | None:
+        """How many batches the next ``iter()`` gives, where that is known before it starts:
+        from the second epoch on, its rows are the finished spill's (what was left of the
+        stream is read into it first). None for the first epoch, whose rows arrive as the
+        task reads its partition."""
+        if self.epoch == 0 or self._spill is None:
+            return None
+        self._drain()
+        whole, rest = divmod(self._spill.rows, self.batch_size)
+        return whole + (1 if rest and not self.drop_last else 0)
+
     def _drain(self) -> None:
         """Read what is left of the stream into the spill (an epoch 0 left early)."""
         if not self._streamed:
