@@ -82,7 +82,7 @@ def test_timeout_stops_every_rank(connect, tmp_path):
         assert alive(recorded_pids(pid_dir)) == []
         return info.value
 
-    error = timed_out_while_running(attempt, tmp_path, (15, 40, 100))
+    error = timed_out_while_running(attempt, tmp_path, (6, 15, 40, 100))
     assert "in block_forever at trainers.py:" in str(error)
 
 

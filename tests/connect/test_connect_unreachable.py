@@ -86,7 +86,7 @@ def test_detached_timeout_stops_every_rank(connect, tmp_path):
         # watch).
         wait_gone(recorded_pids(pid_dir), timeout=30)
 
-    timed_out_while_running(attempt, tmp_path, (15, 40, 100))
+    timed_out_while_running(attempt, tmp_path, (6, 15, 40, 100))
 
 
 def test_detached_run_all_brings_back_every_ranks_value(connect, tmp_path):

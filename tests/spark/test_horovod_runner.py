@@ -166,7 +166,7 @@ def test_run_timeout_stops_ranks(mode, launcher, tmp_path):
             ).run(hvd_trainers.block_forever, str(pid_dir))
         assert alive(recorded_pids(pid_dir)) == []
 
-    timed_out_while_running(attempt, tmp_path, (15, 40, 100))
+    timed_out_while_running(attempt, tmp_path, (6, 15, 40, 100))
 
 
 @pytest.mark.parametrize("verbosity", ["log_callback_only", "all"])

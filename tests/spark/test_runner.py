@@ -141,8 +141,8 @@ def test_run_timeout_stops_ranks(mode, tmp_path):
         assert alive(recorded_pids(pid_dir)) == []
         return info.value
 
-    short = 6 if mode == "local" else 20
-    error = timed_out_while_running(attempt, tmp_path, (short, 2 * short, 4 * short))
+    short = 6 if mode == "local" else 8
+    error = timed_out_while_running(attempt, tmp_path, (short, 20, 40, 80))
     # Where each rank was, from its own stack dump.
     lines = str(error).splitlines()
     for rank in (0, 1):

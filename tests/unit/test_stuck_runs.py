@@ -94,7 +94,7 @@ def test_a_timeout_names_each_rank_with_its_frame(tmp_path: Path) -> None:
             runner.run(_reduce_or_sleep, str(folder))
         return info.value
 
-    error = timed_out_while_running(attempt, tmp_path, (20, 40, 80), pattern="*.started")
+    error = timed_out_while_running(attempt, tmp_path, (8, 20, 40, 80), pattern="*.started")
     message = str(error)
     rank0, rank1 = where_line(message, 0), where_line(message, 1)
     assert rank0.startswith("  rank 0: in all_reduce (")
