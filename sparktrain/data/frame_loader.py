@@ -70,12 +70,16 @@ class FrameLoader:
         skip, self._skip = self._skip, 0
         batches = iter(self._stream)
         known = self._known_batches()
-        if known is not None:
-            for batch in itertools.islice(batches, known):
-                self.steps += 1
-                if self.steps > skip:
-                    yield batch
-            return
+        taken = itertools.islice(batches, known) if known is not None else self._read_ahead(batches)
+        for batch in taken:
+            self.steps += 1
+            if self.steps > skip:
+                yield batch
+
+    def _read_ahead(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches`` as the ranks agree on them while no rank knows its count: up to
+        :data:`LOOKAHEAD` read ahead, then as many as every rank holds; the end when one
+        holds none."""
         ahead: collections.deque[Any] = collections.deque()
         ended = False
         while True:
@@ -87,19 +91,15 @@ class FrameLoader:
                     ahead.append(batch)
             granted = self._agree(len(ahead)) if self._agree is not None else len(ahead)
             if granted == 0:
-                break
+                return
             for _ in range(granted):
-                self.steps += 1
-                batch = ahead.popleft()
-                if self.steps > skip:
-                    yield batch
+                yield ahead.popleft()
 
     def _known_batches(self) -> int | None:
         """The batches every rank takes this epoch, where every rank knows its own count
         (the least of them); None where one does not. One agreement (all ranks make it, so
         their collectives stay in step): a rank that does not know says -1."""
-        ahead = getattr(self._stream, "batches_ahead", None)
-        mine = ahead() if ahead is not None else None
+        mine = self._stream.batches_ahead()
         if self._agree is None:
             return mine
         least = self._agree(-1 if mine is None else mine)
